@@ -1,0 +1,155 @@
+"""Per-iteration latency of ddp_core against PyTorch's DDP, measured side by side in one job.
+
+Every implementation trains its own copy of the model in the same processes; rounds interleave them
+(A B C D E, then B C D E A, ...) so that drift of a shared, noisy machine hits all of them alike.
+An iteration's latency is the slowest rank's. Writes raw samples, medians and ratios (with bootstrap
+95% confidence intervals) as one JSON file.
+
+    python benchmarks/ddp_core_vs_torch.py --out results/benchmarks/ddp_core_vs_torch-cpu.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from scipy.stats import bootstrap
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ddp_core import DistributedDataParallel  # noqa: E402
+from experiments.launch import run_ranks  # noqa: E402
+from experiments.workloads import workload  # noqa: E402
+
+# name -> (wrapper, keyword arguments, whether .grad stays allocated between iterations)
+IMPLS = {
+    "ddp_core": (DistributedDataParallel, {}, False),
+    "ddp_core_view": (DistributedDataParallel, {"gradient_as_bucket_view": True}, True),
+    "ddp_core_no_overlap": (DistributedDataParallel, {"overlap": False}, False),
+    "torch": (TorchDDP, {}, False),
+    "torch_view": (TorchDDP, {"gradient_as_bucket_view": True}, True),
+}
+# (numerator, denominator, goal): ratios of median latency reported in the README.
+RATIOS = [
+    ("ddp_core", "torch", None),
+    ("ddp_core_view", "torch_view", 1.00),
+    ("ddp_core_view", "torch", 0.97),
+    ("ddp_core_no_overlap", "ddp_core", None),
+]
+
+
+def measure(rank: int, world_size: int, args: argparse.Namespace) -> dict:
+    """On one rank: per-iteration latencies of every implementation, interleaved over rounds."""
+    family = workload(args.model)
+    batch_size = args.batch_size
+    batch = family.make_batch(family.MODELS[args.model](), batch_size, args.image_size, args.seq_len,
+                              torch.Generator().manual_seed(rank))
+    runs = {}
+    for name, (wrapper, kwargs, keep_grads) in IMPLS.items():
+        torch.manual_seed(0)
+        model = family.MODELS[args.model]()
+        ddp = wrapper(model, bucket_cap_mb=args.bucket_mb, **kwargs)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+        runs[name] = (ddp, optimizer, keep_grads)
+
+    def step(name: str) -> float:
+        ddp, optimizer, keep_grads = runs[name]
+        start = time.perf_counter()
+        # Bucket-view variants keep .grad allocated, which is what makes the views pay off.
+        optimizer.zero_grad(set_to_none=not keep_grads)
+        family.loss(ddp, batch).backward()
+        optimizer.step()
+        return time.perf_counter() - start  # CPU only: nothing asynchronous is left to synchronise
+
+    for name in IMPLS:  # warm-up, including each DDP's bucket rebuild after its first iteration
+        for _ in range(args.warmup):
+            step(name)
+    samples: dict[str, list[float]] = {name: [] for name in IMPLS}
+    names = list(IMPLS)
+    for round_index in range(args.rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            dist.barrier()  # start each block together, so no rank's wait is counted as DDP time
+            local = [step(name) for _ in range(args.iters)]
+            gathered: list = [None] * world_size
+            dist.all_gather_object(gathered, local)
+            samples[name].extend(max(per_rank) for per_rank in zip(*gathered))
+    return samples
+
+
+def ratio_of_medians(numerator: list[float], denominator: list[float]) -> dict:
+    """Ratio of medians with a percentile-bootstrap 95% confidence interval."""
+    ci = bootstrap(
+        (np.array(numerator), np.array(denominator)),
+        lambda a, b: np.median(a) / np.median(b),
+        vectorized=False, paired=False, n_resamples=2000, method="percentile", random_state=0,
+    ).confidence_interval
+    return {"ratio": statistics.median(numerator) / statistics.median(denominator), "ci95": [ci.low, ci.high]}
+
+
+def environment() -> dict:
+    """Where and with what the numbers were measured."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
+    return {
+        "git_commit": commit, "git_dirty": dirty, "torch": torch.__version__, "python": platform.python_version(),
+        "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def main() -> None:
+    """Parse arguments, run every model, print a table and write the JSON file."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="resnet50,bert-base")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--iters", type=int, default=5, help="measured iterations per implementation per round")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--bucket-mb", type=float, default=25)
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--resnet-batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--bert-batch", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="compute threads per rank")
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    for flag in ("world_size", "rounds", "iters", "threads"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    models = args.models.split(",")
+    for model in models:
+        workload(model)  # unknown names fail here, before any process starts
+
+    report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "env": environment(), "models": {}}
+    for model in models:
+        model_args = argparse.Namespace(**vars(args), model=model,
+                                        batch_size=args.resnet_batch if model.startswith("resnet") else args.bert_batch)
+        samples = run_ranks(measure, args.world_size, args=(model_args,), threads=args.threads,
+                            timeout=args.timeout)[0]
+        medians = {name: statistics.median(s) for name, s in samples.items()}
+        ratios = {f"{a}/{b}": {**ratio_of_medians(samples[a], samples[b]), "goal": goal} for a, b, goal in RATIOS}
+        report["models"][model] = {"batch_size": model_args.batch_size, "samples_s": samples,
+                                   "median_s": medians, "ratios": ratios}
+        print(f"{model}: " + ", ".join(f"{n} {m:.3f} s" for n, m in medians.items()))
+        for key, r in ratios.items():
+            goal = f" (goal <= {r['goal']:.2f})" if r["goal"] else ""
+            print(f"  {key}: {r['ratio']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]{goal}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

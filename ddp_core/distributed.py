@@ -1,0 +1,226 @@
+"""DistributedDataParallel: the module wrapper (paper, section 4).
+
+Construction makes the replicas equal (shape check, then broadcast from rank 0) and builds the
+reducer; forward broadcasts buffers and, with `find_unused_parameters`, finds the parameters the
+output does not depend on; `no_sync()` skips synchronisation for gradient accumulation.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .reducer import Reducer
+
+
+class DistributedDataParallel(nn.Module):
+    """Data-parallel wrapper with PyTorch DDP's arguments, plus the paper's knobs as keywords.
+
+    `overlap=False` reduces the same buckets only after backward (the paper's no-overlap baseline);
+    `first_bucket_cap_mb` caps the first bucket; `rebuild_buckets` re-buckets once, after the first
+    iteration, in gradient arrival order; `process_group` may be a list of groups over the same ranks,
+    used round-robin by bucket.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        device_ids: Sequence[int | torch.device] | None = None,
+        process_group: dist.ProcessGroup | Sequence[dist.ProcessGroup] | None = None,
+        broadcast_buffers: bool = True,
+        bucket_cap_mb: float = 25,
+        find_unused_parameters: bool = False,
+        gradient_as_bucket_view: bool = False,
+        *,
+        overlap: bool = True,
+        first_bucket_cap_mb: float = 1,
+        rebuild_buckets: bool = True,
+    ):
+        super().__init__()
+        _check_cap("bucket_cap_mb", bucket_cap_mb)
+        _check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError(
+                f"ddp_core: module {type(module).__name__} has no parameters that require gradients; "
+                "there is nothing to synchronise"
+            )
+        groups = _as_group_list(process_group)
+        self.module = module
+        self.process_group = groups[0]
+        self.device_ids = _check_device_ids(device_ids, named[0][1])
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.require_backward_grad_sync = True
+        _check_backend_fits(groups[0], named[0][1].device)
+
+        _check_same_parameters(named, self.process_group)
+        # Replicas start equal: everything rank 0 has, every rank gets.
+        _broadcast_from_rank0([p.detach() for p in module.parameters()], self.process_group)
+        _broadcast_from_rank0(list(module.buffers()), self.process_group)
+        self.reducer = Reducer(
+            params=[p for _, p in named],
+            names=[name for name, _ in named],
+            groups=groups,
+            bucket_cap_mb=bucket_cap_mb,
+            first_bucket_cap_mb=first_bucket_cap_mb,
+            overlap=overlap,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            find_unused_parameters=find_unused_parameters,
+            rebuild_buckets=rebuild_buckets,
+        )
+
+    def forward(self, *inputs, **kwargs):
+        """Run the wrapped module; arm gradient synchronisation for the backward that follows."""
+        self.reducer.maybe_rebuild_buckets()
+        if self.broadcast_buffers:
+            # BatchNorm statistics and the like: rank 0's are the truth (a sync point per forward).
+            _broadcast_from_rank0(list(self.module.buffers()), self.process_group)
+        if self.device_ids:
+            inputs, kwargs = _move_to(self.device_ids[0], (inputs, kwargs))
+        output = self.module(*inputs, **kwargs)
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+            unreached = _unreached_parameters(output, self.reducer.params) if self.find_unused_parameters else []
+            self.reducer.prepare_for_backward(unreached)
+        return output
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally; the next synchronised one reduces the sum."""
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    def register_comm_hook(self, state: object, hook: Callable) -> None:
+        """Reduce buckets with `hook(state, bucket) -> Future[Tensor]` instead of the plain all-reduce."""
+        if not callable(hook):
+            raise ValueError(f"hook must be callable, got {hook!r}")
+        if self.reducer.comm_hook is not None:
+            raise RuntimeError("ddp_core: register_comm_hook may be called only once")
+        self.reducer.comm_hook, self.reducer.comm_state = hook, state
+
+
+def _check_cap(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{name} must be a number >= 0 (0 means one parameter per bucket), got {value!r}")
+
+
+def _as_group_list(process_group) -> list[dist.ProcessGroup]:
+    if not dist.is_initialized():
+        raise RuntimeError("ddp_core: call torch.distributed.init_process_group before wrapping a module")
+    if process_group is None:
+        return [dist.group.WORLD]
+    if isinstance(process_group, (list, tuple)):
+        groups = list(process_group)
+        if not groups:
+            raise ValueError("process_group: an empty list of groups was given")
+        sizes = {dist.get_world_size(g) for g in groups}
+        if len(sizes) != 1:
+            raise ValueError(f"process_group: round-robin groups must span the same ranks, got sizes {sorted(sizes)}")
+        return groups
+    return [process_group]
+
+
+def _check_device_ids(device_ids, param: torch.Tensor) -> list[torch.device] | None:
+    if device_ids is None:
+        return None
+    if param.device.type == "cpu":
+        raise ValueError(f"device_ids must be None for a module on the CPU, got {device_ids!r}")
+    if len(device_ids) != 1:
+        raise ValueError(f"device_ids must hold exactly one device (single-device modules only), got {device_ids!r}")
+    device = torch.device(param.device.type, device_ids[0]) if isinstance(device_ids[0], int) else torch.device(device_ids[0])
+    if device != param.device:
+        raise ValueError(f"device_ids={device_ids!r} does not match the module's device {param.device}")
+    return [device]
+
+
+def _check_backend_fits(group: dist.ProcessGroup, device: torch.device) -> None:
+    backend = dist.get_backend(group)
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError(f"ddp_core: the NCCL backend reduces only CUDA tensors, but the module is on {device}")
+
+
+def _check_same_parameters(named: list[tuple[str, torch.Tensor]], group: dist.ProcessGroup) -> None:
+    """Fail on every rank, naming the first difference, if the ranks do not hold the same model."""
+    signature = [(name, tuple(p.shape), str(p.dtype)) for name, p in named]
+    gathered: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, signature, group=group)
+    reference = gathered[0]
+    for rank, other in enumerate(gathered[1:], start=1):
+        if other == reference:
+            continue
+        if len(other) != len(reference):
+            detail = f"{len(reference)} trainable parameters on rank 0, {len(other)} on rank {rank}"
+        else:
+            first = next(i for i, (a, b) in enumerate(zip(reference, other)) if a != b)
+            detail = f"parameter {first}: {reference[first]} on rank 0, {other[first]} on rank {rank}"
+        raise ValueError(f"ddp_core: the ranks hold different models ({detail})")
+
+
+@torch.no_grad()
+def _broadcast_from_rank0(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """Copy rank 0's values into every rank's tensors, one flat broadcast per dtype and device."""
+    if dist.get_world_size(group) == 1 or not tensors:
+        return
+    by_kind: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    src = dist.get_global_rank(group, 0)
+    for same_kind in by_kind.values():
+        flat = torch.cat([t.reshape(-1) for t in same_kind])
+        dist.broadcast(flat, src=src, group=group)
+        for t, chunk in zip(same_kind, flat.split([t.numel() for t in same_kind])):
+            t.copy_(chunk.view_as(t))
+
+
+def _tensors_in(value) -> Iterator[torch.Tensor]:
+    """Every tensor inside nested tuples, lists and dicts (model outputs such as transformers')."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item)
+
+
+def _unreached_parameters(output, params: list[torch.Tensor]) -> list[int]:
+    """Indices of `params` that the autograd graph of `output` does not reach (they get no gradient)."""
+    reached: set[int] = set()
+    seen: set = set()
+    stack = []
+    for t in _tensors_in(output):
+        if t.grad_fn is not None:
+            stack.append(t.grad_fn)
+        elif t.requires_grad:
+            reached.add(id(t))  # a parameter returned as it is
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad nodes hold their leaf
+        if variable is not None:
+            reached.add(id(variable))
+        stack.extend(next_node for next_node, _ in node.next_functions if next_node is not None)
+    return [i for i, p in enumerate(params) if id(p) not in reached]
+
+
+def _move_to(device: torch.device, value):
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, tuple):
+        return tuple(_move_to(device, v) for v in value)
+    if isinstance(value, list):
+        return [_move_to(device, v) for v in value]
+    if isinstance(value, dict):
+        return {k: _move_to(device, v) for k, v in value.items()}
+    return value

@@ -1,0 +1,222 @@
+"""The reducer: gradient synchronisation overlapped with backward (paper, sections 3.2 and 4.2).
+
+Life of one synchronised iteration:
+1. forward: `prepare_for_backward(unreached)` arms the reducer (and names parameters forward did not
+   reach, when unused-parameter detection is on);
+2. backward: a post-accumulate-grad hook per parameter copies its gradient into its bucket and, once a
+   bucket is complete, launches the bucket's asynchronous all-reduce - strictly in bucket order, since
+   every rank must issue collectives in the same order or they mismatch and hang;
+3. end of backward (an autograd engine callback): wait for every bucket and write the averaged
+   gradients back to `.grad`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .bucketing import TensorSpec, assign_buckets
+from .grad_bucket import GradBucket
+from .hooks import allreduce_hook
+
+
+class Reducer:
+    """Buckets the gradients of `params` and averages them across `groups` during backward."""
+
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        names: list[str],
+        groups: list[dist.ProcessGroup],
+        bucket_cap_mb: float,
+        first_bucket_cap_mb: float,
+        overlap: bool,
+        gradient_as_bucket_view: bool,
+        find_unused_parameters: bool,
+        rebuild_buckets: bool,
+    ):
+        self.params = params
+        self.names = names
+        self.groups = groups
+        self.bucket_cap_mb = bucket_cap_mb
+        self.first_bucket_cap_mb = first_bucket_cap_mb
+        self.overlap = overlap
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.find_unused_parameters = find_unused_parameters
+        self.comm_hook: Callable | None = None
+        self.comm_state: object = None
+
+        # Before the first backward, guess that gradients arrive in reverse registration order.
+        self.build_buckets(list(reversed(range(len(params)))))
+        # PyTorch does not rebuild with unused-parameter detection: the arrival order may vary.
+        self._rebuild_pending = rebuild_buckets and not find_unused_parameters
+        self._arrival_order: list[int] = []
+
+        self._armed = False  # a synchronised backward is expected (set by forward)
+        self._ready = [False] * len(params)
+        self._unreached: list[int] = []
+        self._unreached_marked = False
+        # Used-parameter bitmap: kept across no_sync() iterations, reset after each synchronisation.
+        self._locally_used = [False] * len(params)
+        self._next_bucket = 0
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook_for(i)) for i, p in enumerate(params)]
+
+    # --- bucket layout ---
+
+    def build_buckets(self, order: list[int]) -> None:
+        """(Re)assign parameters to buckets, visiting them in `order`, and allocate flat buffers."""
+        specs = [TensorSpec(p.numel() * p.element_size(), (p.dtype, p.device)) for p in self.params]
+        assignment = assign_buckets(specs, order, self.bucket_cap_mb, self.first_bucket_cap_mb)
+        self.buckets = [
+            GradBucket(b, [self.params[i] for i in indices], indices, is_last=b == len(assignment) - 1)
+            for b, indices in enumerate(assignment)
+        ]
+        self._location = {}  # parameter index -> (bucket, slot)
+        for bucket in self.buckets:
+            for slot, i in enumerate(bucket.param_indices):
+                self._location[i] = (bucket, slot)
+        if self.gradient_as_bucket_view:
+            with torch.no_grad():
+                for bucket in self.buckets:
+                    for p, view in zip(bucket.parameters(), bucket.views):
+                        if p.grad is not None:
+                            view.copy_(p.grad)
+                            p.grad = view
+
+    def bucket_sizes(self) -> list[list[int]]:
+        """Parameter indices per bucket, in launch order (for tests, logs and the performance model)."""
+        return [list(b.param_indices) for b in self.buckets]
+
+    def maybe_rebuild_buckets(self) -> None:
+        """After the first synchronised iteration, re-bucket in the order gradients really arrived.
+
+        Ranks may observe slightly different orders, so rank 0's order is broadcast and used by all.
+        """
+        if not self._rebuild_pending or len(self._arrival_order) != len(self.params):
+            return
+        self._rebuild_pending = False
+        order = torch.tensor(self._arrival_order, dtype=torch.int64, device=self.params[0].device)
+        group = self.groups[0]
+        dist.broadcast(order, src=dist.get_global_rank(group, 0), group=group)
+        self.build_buckets(order.tolist())
+
+    # --- one iteration ---
+
+    def prepare_for_backward(self, unreached: list[int]) -> None:
+        """Arm the reducer for the backward of the forward just run; `unreached` get no gradient."""
+        if self._armed:
+            raise RuntimeError(
+                "ddp_core: a new forward started before the previous forward's backward finished "
+                "gradient synchronisation; call backward on every output of a synchronised forward "
+                "(or run the forward under no_sync() or torch.no_grad())"
+            )
+        self._armed = True
+        self._ready = [False] * len(self.params)
+        self._unreached = unreached
+        self._unreached_marked = False
+        self._next_bucket = 0
+        for bucket in self.buckets:
+            bucket.start_iteration()
+
+    def _hook_for(self, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            self._locally_used[index] = True
+            if not self._armed:  # inside no_sync(), or a backward ddp_core's forward did not start
+                return
+            if not self._unreached_marked:
+                self._start_backward()
+            if self._rebuild_pending:
+                self._arrival_order.append(index)
+            self._mark_ready(index)
+
+        return hook
+
+    def _start_backward(self) -> None:
+        self._unreached_marked = True
+        # Runs once the whole backward pass has finished, on the thread that finished it.
+        torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        # Parameters forward did not reach never get a hook call; mark them ready now so that their
+        # buckets do not wait for them forever.
+        for index in self._unreached:
+            self._mark_ready(index)
+
+    def _mark_ready(self, index: int) -> None:
+        if self._ready[index]:
+            raise RuntimeError(
+                f"ddp_core: parameter {self.names[index]!r} received its gradient twice in one backward; "
+                "reentrant backward or a parameter used in several backward passes per forward is not supported"
+            )
+        self._ready[index] = True
+        bucket, slot = self._location[index]
+        view, param = bucket.views[slot], self.params[index]
+        # Copy the gradient into its bucket (unless .grad already is that view). A parameter without
+        # a gradient contributes zeros; one with a gradient from no_sync() iterations contributes it.
+        if param.grad is None:
+            view.zero_()
+        elif param.grad.data_ptr() != view.data_ptr():
+            view.copy_(param.grad)
+            if self.gradient_as_bucket_view:
+                param.grad = view
+        bucket.pending -= 1
+        if bucket.pending == 0 and self.overlap:
+            self._launch_complete_buckets()
+
+    def _launch_complete_buckets(self) -> None:
+        # Bucket i is launched only after bucket i-1, even if it completed first: same order everywhere.
+        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
+            bucket = self.buckets[self._next_bucket]
+            if self.comm_hook is None:
+                # Round-robin: consecutive buckets go to different groups, i.e. concurrent channels.
+                bucket.future = allreduce_hook(self.groups[bucket.index() % len(self.groups)], bucket)
+            else:
+                bucket.future = self.comm_hook(self.comm_state, bucket)
+            self._next_bucket += 1
+
+    def _finish_backward(self) -> None:
+        self._armed = False
+        missing = [self.names[i] for i, ready in enumerate(self._ready) if not ready]
+        if missing:
+            for bucket in self.buckets[: self._next_bucket]:
+                bucket.future.wait()  # leave no collective half-done behind the error
+            raise RuntimeError(
+                f"ddp_core: {len(missing)} parameter(s) received no gradient in this backward: "
+                f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}. The module has "
+                "parameters that did not contribute to the loss; pass find_unused_parameters=True, "
+                "or make every parameter take part in the forward"
+            )
+        if not self.overlap:
+            self._launch_complete_buckets()  # the paper's baseline: reduce only after backward
+        used_work, used = None, None
+        if self.find_unused_parameters:
+            used = torch.tensor(self._locally_used, dtype=torch.int32, device=self.params[0].device)
+            used_work = dist.all_reduce(used, group=self.groups[0], async_op=True)
+        for bucket in self.buckets:
+            result = bucket.future.wait()  # this is a sync point: exposed communication
+            if result.data_ptr() != bucket.flat.data_ptr():
+                bucket.flat.copy_(result)
+        if used_work is not None:
+            used_work.wait()
+            used = used.tolist()
+        self._write_back(used)
+        self._locally_used = [False] * len(self.params)
+
+    def _write_back(self, globally_used: list[int] | None) -> None:
+        with torch.no_grad():
+            for bucket in self.buckets:
+                for i, view in zip(bucket.param_indices, bucket.views):
+                    param = self.params[i]
+                    if globally_used is not None and not globally_used[i]:
+                        continue  # unused on every rank: leave .grad as it was, as PyTorch does
+                    if self.gradient_as_bucket_view:
+                        param.grad = view
+                    elif param.grad is None:
+                        param.grad = view.clone()
+                    else:
+                        param.grad.copy_(view)
+
+    def remove_hooks(self) -> None:
+        """Detach the reducer from the parameters (the module then trains locally again)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []

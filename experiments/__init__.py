@@ -1,0 +1,1 @@
+"""ddpbench experiments: launching ranks, workloads and the measured training loop."""

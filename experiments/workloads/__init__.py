@@ -1,0 +1,21 @@
+"""Workloads: one small file per model family, each offering `MODELS`, `make_batch` and `loss`.
+
+`MODELS` maps a model name to a builder (random initialisation from a config: nothing is downloaded);
+`make_batch(model, batch_size, image_size, seq_len, generator)` makes a synthetic batch on the CPU;
+`loss(model, batch)` returns the scalar training loss.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+from . import bert, resnet
+
+_FAMILIES: tuple[ModuleType, ...] = (resnet, bert)
+WORKLOADS: dict[str, ModuleType] = {name: family for family in _FAMILIES for name in family.MODELS}
+
+
+def workload(name: str) -> ModuleType:
+    """The workload module that builds `name`; ValueError listing the known names otherwise."""
+    if name not in WORKLOADS:
+        raise ValueError(f"model={name!r} is unknown; choose one of {', '.join(sorted(WORKLOADS))}")
+    return WORKLOADS[name]

@@ -1,0 +1,120 @@
+"""Bad use fails fast with a clear message, never a hang; the launcher ends crashed and hung runs."""
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import ddp_core
+from ddp_core import DistributedDataParallel
+from experiments.launch import RankFailed, RanksTimedOut, run_ranks
+from tests.tiny_models import build, loss_of, make_batch
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a number >= 0.*-1"),
+    ({"first_bucket_cap_mb": -0.5}, "first_bucket_cap_mb must be a number >= 0.*-0.5"),
+    ({"bucket_cap_mb": "25"}, "bucket_cap_mb.*'25'"),
+])
+def test_bad_bucket_caps_are_rejected_before_any_communication(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        DistributedDataParallel(nn.Linear(2, 2), **kwargs)
+
+
+def test_module_without_trainable_parameters_is_rejected():
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(ValueError, match="no parameters that require gradients"):
+        DistributedDataParallel(frozen)
+
+
+def test_wrapping_before_init_process_group_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        DistributedDataParallel(nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("backend, device, needle", [
+    ("nccl", "cpu", "nccl.*CUDA"),
+    ("ucc", "cpu", "'ucc' is not supported"),
+    ("gloo", "tpu", "'tpu' is not supported"),
+])
+def test_check_backend_names_the_problem(backend, device, needle):
+    with pytest.raises(ValueError, match=needle):
+        ddp_core.check_backend(backend, device)
+
+
+def test_mpi_is_checked_against_this_torch_build():
+    if torch.distributed.is_mpi_available():
+        ddp_core.check_backend("mpi", "cpu")
+    else:
+        with pytest.raises(ValueError, match="'mpi' is not available"):
+            ddp_core.check_backend("mpi", "cpu")
+
+
+def different_models(rank, world_size):
+    DistributedDataParallel(nn.Linear(4, 4 + rank))
+
+
+def unused_without_flag(rank, world_size):
+    ddp = DistributedDataParallel(build("branchy"))
+    loss_of(ddp, "branchy", make_batch("branchy", 0, 0)).backward()
+
+
+def misuse_checks(rank, world_size):
+    """Errors that need a process group: each must raise on this rank, not hang."""
+    errors = {}
+    ddp = DistributedDataParallel(nn.Linear(3, 3))
+    with pytest.raises(ValueError, match="hook must be callable") as e:
+        ddp.register_comm_hook(None, "allreduce")
+    errors["hook"] = str(e.value)
+    ddp(torch.randn(2, 3))
+    with pytest.raises(RuntimeError, match="before the previous forward's backward") as e:
+        ddp(torch.randn(2, 3))
+    errors["double_forward"] = str(e.value)
+    with pytest.raises(ValueError, match="count must be an integer >= 1, got 0"):
+        ddp_core.new_round_robin_groups(0)
+    return errors
+
+
+@pytest.mark.timeout(120)
+def test_different_models_on_ranks_fail_naming_the_mismatch():
+    with pytest.raises(RankFailed, match=r"different models \(parameter 0: .*\(4, 4\).* on rank 0, .*\(5, 4\).* on rank 1"):
+        run_ranks(different_models, 2, timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_unused_parameters_without_the_flag_name_them_instead_of_hanging():
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match=r"received no gradient.*branches\.1\.weight.*never\.weight.*find_unused_parameters=True"):
+        run_ranks(unused_without_flag, 2, timeout=60)
+    assert time.monotonic() - start < 50, "the error came only after a timeout"
+
+
+@pytest.mark.timeout(120)
+def test_misuse_inside_a_process_group_raises():
+    run_ranks(misuse_checks, 2, timeout=60)
+
+
+def crash_on_rank_1(rank, world_size):
+    if rank == 1:
+        raise ZeroDivisionError("boom on purpose")
+    torch.distributed.barrier()  # rank 0 would wait here forever
+
+
+def hang(rank, world_size):
+    time.sleep(3600)
+
+
+@pytest.mark.timeout(120)
+def test_launcher_reports_a_crashed_rank_at_once():
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match=r"rank 1 of 2 raised:(.|\n)*ZeroDivisionError: boom on purpose"):
+        run_ranks(crash_on_rank_1, 2, timeout=60)
+    assert time.monotonic() - start < 40
+
+
+@pytest.mark.timeout(120)
+def test_launcher_ends_a_hung_run_within_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(RanksTimedOut, match=r"rank\(s\) \[0, 1\] did not finish within 15 s"):
+        run_ranks(hang, 2, timeout=15)
+    assert time.monotonic() - start < 40
