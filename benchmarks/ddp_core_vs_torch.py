@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ddp_core import DistributedDataParallel  # noqa: E402
 from experiments.launch import run_ranks  # noqa: E402
+from experiments.records import environment  # noqa: E402
 from experiments.workloads import workload  # noqa: E402
 
 # name -> (wrapper, keyword arguments, whether .grad stays allocated between iterations)
@@ -96,17 +94,6 @@ def ratio_of_medians(numerator: list[float], denominator: list[float]) -> dict:
     return {"ratio": statistics.median(numerator) / statistics.median(denominator), "ci95": [ci.low, ci.high]}
 
 
-def environment() -> dict:
-    """Where and with what the numbers were measured."""
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
-    return {
-        "git_commit": commit, "git_dirty": dirty, "torch": torch.__version__, "python": platform.python_version(),
-        "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
 def main() -> None:
     """Parse arguments, run every model, print a table and write the JSON file."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,7 +119,7 @@ def main() -> None:
         workload(model)  # unknown names fail here, before any process starts
 
     report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "env": environment(), "models": {}}
+              "env": environment(threads=args.threads), "models": {}}
     for model in models:
         model_args = argparse.Namespace(**vars(args), model=model,
                                         batch_size=args.resnet_batch if model.startswith("resnet") else args.bert_batch)

@@ -11,14 +11,26 @@ Life of one synchronised iteration:
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
 
 from .bucketing import TensorSpec, assign_buckets
 from .grad_bucket import GradBucket
-from .hooks import allreduce_hook
+
+
+class ReducerObserver(Protocol):
+    """What a timing observer is told; every call happens on the thread that runs backward."""
+
+    def bucket_launched(self, index: int, future: torch.futures.Future) -> None:
+        """Bucket `index` was handed to its hook; `future` completes with the reduced bucket."""
+
+    def backward_computed(self) -> None:
+        """Autograd has produced every gradient; what follows is waiting for communication."""
+
+    def gradients_synchronised(self) -> None:
+        """Averaged gradients are in .grad."""
 
 
 class Reducer:
@@ -44,8 +56,11 @@ class Reducer:
         self.overlap = overlap
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.find_unused_parameters = find_unused_parameters
+        self.world_size = dist.get_world_size(groups[0])
         self.comm_hook: Callable | None = None
         self.comm_state: object = None
+        # Optional timing observer (the benchmark harness sets one); see `ReducerObserver`.
+        self.observer: ReducerObserver | None = None
 
         # Before the first backward, guess that gradients arrive in reverse registration order.
         self.build_buckets(list(reversed(range(len(params)))))
@@ -152,12 +167,20 @@ class Reducer:
         view, param = bucket.views[slot], self.params[index]
         # Copy the gradient into its bucket (unless .grad already is that view). A parameter without
         # a gradient contributes zeros; one with a gradient from no_sync() iterations contributes it.
+        # Without a comm hook, divide by the world size on the way in (as PyTorch does): averaging
+        # then costs no extra pass over the bucket, and the all-reduce only sums.
+        divide = self.comm_hook is None and self.world_size > 1
         if param.grad is None:
             view.zero_()
         elif param.grad.data_ptr() != view.data_ptr():
-            view.copy_(param.grad)
+            if divide:
+                torch.div(param.grad, self.world_size, out=view)
+            else:
+                view.copy_(param.grad)
             if self.gradient_as_bucket_view:
                 param.grad = view
+        elif divide:
+            view.div_(self.world_size)
         bucket.pending -= 1
         if bucket.pending == 0 and self.overlap:
             self._launch_complete_buckets()
@@ -168,13 +191,19 @@ class Reducer:
             bucket = self.buckets[self._next_bucket]
             if self.comm_hook is None:
                 # Round-robin: consecutive buckets go to different groups, i.e. concurrent channels.
-                bucket.future = allreduce_hook(self.groups[bucket.index() % len(self.groups)], bucket)
+                group = self.groups[bucket.index() % len(self.groups)]
+                work = dist.all_reduce(bucket.flat, group=group, async_op=True)  # already divided: sum
+                bucket.future = work.get_future().then(lambda fut: fut.value()[0])
             else:
                 bucket.future = self.comm_hook(self.comm_state, bucket)
+            if self.observer is not None:
+                self.observer.bucket_launched(bucket.index(), bucket.future)
             self._next_bucket += 1
 
     def _finish_backward(self) -> None:
         self._armed = False
+        if self.observer is not None:
+            self.observer.backward_computed()
         missing = [self.names[i] for i, ready in enumerate(self._ready) if not ready]
         if missing:
             for bucket in self.buckets[: self._next_bucket]:
@@ -200,6 +229,8 @@ class Reducer:
             used = used.tolist()
         self._write_back(used)
         self._locally_used = [False] * len(self.params)
+        if self.observer is not None:
+            self.observer.gradients_synchronised()
 
     def _write_back(self, globally_used: list[int] | None) -> None:
         with torch.no_grad():

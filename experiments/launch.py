@@ -1,15 +1,20 @@
-"""Run a function on N local ranks, each in its own process with torch.distributed initialised.
+"""Local ranks: N processes with torch.distributed initialised, running functions sent to them.
 
-Failure handling is the point of this module: a rank that raises ends the whole run at once with that
-rank's traceback, a rank that hangs ends it when `timeout` expires, and no process is left behind.
+Failure handling is the point of this module: a rank that raises ends the task at once with that
+rank's traceback, a rank that hangs ends it when the timeout expires, and no process is left behind
+(the workers die with the parent, even if the parent is killed). A pool runs many tasks in the same
+processes, so a sweep pays process and process-group start-up once per world size, not per config.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
 import io
+import itertools
 import multiprocessing as mp
 import os
 import queue
+import signal
 import time
 import traceback
 from typing import Any, Callable
@@ -21,102 +26,142 @@ LOOPBACK = "127.0.0.1"
 
 
 class RankFailed(RuntimeError):
-    """A rank raised; the message holds its traceback."""
+    """A rank raised or died; the message holds its traceback."""
 
 
 class RanksTimedOut(TimeoutError):
     """Some ranks did not finish within the timeout (a hang, or far too much work)."""
 
 
-def run_ranks(
-    fn: Callable[..., Any],
-    world_size: int,
-    args: tuple = (),
-    backend: str = "gloo",
-    timeout: float = 120.0,
-    threads: int = 1,
-    host: str = LOOPBACK,
-) -> list[Any]:
-    """Call `fn(rank, world_size, *args)` on `world_size` fresh processes; return their results by rank.
+class RankPool:
+    """`world_size` worker processes that run `fn(rank, world_size, *args)` on request.
+
+    After a failure or timeout the pool is closed (its ranks may be stuck in a collective); start a
+    new one to go on.
+    """
+
+    def __init__(self, world_size: int, backend: str = "gloo", threads: int = 1, timeout: float = 120.0,
+                 host: str = LOOPBACK):
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.world_size = world_size
+        # The parent owns the rendezvous store, so no port can be taken between choosing and binding it.
+        self._store = dist.TCPStore(host, 0, world_size=None, is_master=True, wait_for_workers=False)
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        self._tasks = [ctx.Queue() for _ in range(world_size)]
+        self._task_ids = itertools.count()
+        self._procs = [
+            ctx.Process(
+                target=_worker_main,
+                args=(rank, world_size, backend, host, self._store.port, timeout, threads, self._tasks[rank],
+                      self._results, os.getpid()),
+                daemon=True,
+            )
+            for rank in range(world_size)
+        ]
+        for p in self._procs:
+            p.start()
+        self.closed = False
+
+    def run(self, fn: Callable[..., Any], args: tuple = (), timeout: float = 120.0) -> list[Any]:
+        """Run `fn` on every rank; return the results by rank, or raise RankFailed / RanksTimedOut."""
+        if self.closed:
+            raise RuntimeError("this RankPool is closed; start a new one")
+        task_id = next(self._task_ids)
+        for q in self._tasks:
+            q.put((task_id, fn, args))
+        try:
+            return self._collect(task_id, timeout)
+        except BaseException:
+            self.close(graceful=False)  # includes Ctrl-C: never leave ranks behind
+            raise
+
+    def _collect(self, task_id: int, timeout: float) -> list[Any]:
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        while len(results) < self.world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(self.world_size)) - set(results))
+                raise RanksTimedOut(f"rank(s) {missing} did not finish within {timeout:.0f} s (hung or too slow)")
+            try:
+                tid, status, rank, payload = self._results.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(self._procs) if r not in results and p.exitcode is not None]
+                if dead:
+                    code = self._procs[dead[0]].exitcode
+                    raise RankFailed(f"rank {dead[0]} of {self.world_size} died with exit code {code} before reporting")
+                continue
+            if tid not in (task_id, -1):  # -1: the rank failed while starting up
+                continue  # a late answer to an earlier task
+            if status == "error":
+                raise RankFailed(f"rank {rank} of {self.world_size} raised:\n{payload}")
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+        return [results[r] for r in range(self.world_size)]
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop the workers: politely after success, at once after a failure (they may be stuck)."""
+        if self.closed:
+            return
+        self.closed = True
+        if graceful:
+            for q in self._tasks:
+                q.put(None)
+            for p in self._procs:
+                p.join(timeout=10)
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join()
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(graceful=exc[0] is None)
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: str = "gloo",
+              timeout: float = 120.0, threads: int = 1, host: str = LOOPBACK) -> list[Any]:
+    """Call `fn(rank, world_size, *args)` once on `world_size` fresh processes; return results by rank.
 
     `fn` must be importable (defined at module level) and its result picklable by torch.save.
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-    # The parent owns the rendezvous store, so no port can be taken between choosing and binding it.
-    store = dist.TCPStore(host, 0, world_size=None, is_master=True, wait_for_workers=False)
-    ctx = mp.get_context("spawn")
-    results_queue = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_rank_main,
-            args=(fn, rank, world_size, args, backend, host, store.port, timeout, threads, results_queue),
-            daemon=True,
-        )
-        for rank in range(world_size)
-    ]
-    for p in procs:
-        p.start()
-    finished = False
+    with RankPool(world_size, backend=backend, threads=threads, timeout=timeout, host=host) as pool:
+        return pool.run(fn, args, timeout=timeout)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (PR_SET_PDEATHSIG), so none is orphaned."""
     try:
-        results = _collect(procs, results_queue, world_size, timeout)
-        finished = True
-        return results
-    finally:
-        _stop(procs, graceful=finished)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: daemon processes still end with a parent that exits normally
 
 
-def _rank_main(fn, rank, world_size, args, backend, host, port, timeout, threads, results_queue) -> None:
+def _worker_main(rank, world_size, backend, host, port, timeout, threads, tasks, results, parent_pid) -> None:
+    _die_with_parent()
+    if os.getppid() != parent_pid:
+        return  # the parent died before the line above took effect
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    task_id = -1
     try:
         torch.set_num_threads(threads)
         store = dist.TCPStore(host, port, world_size=None, is_master=False, timeout=datetime.timedelta(seconds=timeout))
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout)
-        )
-        result = fn(rank, world_size, *args)
-        buffer = io.BytesIO()
-        torch.save(result, buffer)
-        results_queue.put(("ok", rank, buffer.getvalue()))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout))
+        while (task := tasks.get()) is not None:
+            task_id, fn, args = task
+            result = fn(rank, world_size, *args)
+            buffer = io.BytesIO()
+            torch.save(result, buffer)
+            results.put((task_id, "ok", rank, buffer.getvalue()))
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
-        results_queue.put(("error", rank, traceback.format_exc()))
+        results.put((task_id, "error", rank, traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _collect(procs, results_queue, world_size: int, timeout: float) -> list[Any]:
-    results: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout
-    while len(results) < world_size:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            missing = sorted(set(range(world_size)) - set(results))
-            raise RanksTimedOut(f"rank(s) {missing} did not finish within {timeout:.0f} s (hung or too slow)")
-        try:
-            status, rank, payload = results_queue.get(timeout=min(remaining, 1.0))
-        except queue.Empty:
-            dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)]
-            if dead:
-                raise RankFailed(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} before reporting")
-            continue
-        if status == "error":
-            raise RankFailed(f"rank {rank} of {world_size} raised:\n{payload}")
-        results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
-    return [results[r] for r in range(world_size)]
-
-
-def _stop(procs, graceful: bool) -> None:
-    # After a failure the other ranks may sit in a collective forever: do not wait for them.
-    if graceful:
-        for p in procs:
-            p.join(timeout=10)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=5)
-        if p.is_alive():
-            os.kill(p.pid, 9)
-            p.join()

@@ -1,0 +1,153 @@
+"""One typed config per measured run, the grid that expands CLI lists into configs, and validation.
+
+Validation happens here, before any process starts: each error names the parameter, the value and
+what is allowed.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, fields
+
+from ddp_core.hooks import HOOKS
+
+from .workloads import WORKLOADS
+
+IMPLS = ("ddp_core", "ddp_core_no_overlap", "torch")
+BACKENDS = ("nccl", "gloo", "mpi")
+DEVICES = ("cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """An invalid parameter value; the message names the parameter, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines one measured configuration; stored, resolved, next to its results."""
+
+    model: str = "resnet-tiny"
+    backend: str = "gloo"
+    device: str = "cpu"
+    world_size: int = 2
+    bucket_mb: float = 25.0
+    sync_every: int = 1
+    impl: str = "ddp_core"
+    process_groups: int = 1
+    comm_hook: str = "none"
+    batch_size: int = 8
+    image_size: int = 64
+    seq_len: int = 32
+    iters: int = 10
+    warmup: int = 3
+    seed: int = 0
+    threads: int = 1
+
+
+# Parameters the CLI accepts as comma-separated lists, with their element types.
+LIST_PARAMS = {f.name: f.type for f in fields(RunConfig)}
+_TYPES = {"str": str, "int": int, "float": float}
+
+
+def parse_list(name: str, text: str) -> list:
+    """Parse `--name a,b,c` into typed values, naming the parameter if one does not parse."""
+    kind = _TYPES[LIST_PARAMS[name]]
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            values.append(kind(item))
+        except ValueError:
+            raise ConfigError(f"--{_flag(name)}: {item!r} is not a valid {kind.__name__}") from None
+    if not values or any(v == "" for v in values):
+        raise ConfigError(f"--{_flag(name)}: {text!r} holds an empty value")
+    return values
+
+
+def expand_grid(lists: dict[str, list]) -> list[RunConfig]:
+    """The cartesian product of the given lists, in a stable order, each config validated."""
+    unknown = set(lists) - set(LIST_PARAMS)
+    if unknown:
+        raise ConfigError(f"unknown parameter(s) {sorted(unknown)}; known: {sorted(LIST_PARAMS)}")
+    names = list(lists)
+    configs = [RunConfig(**dict(zip(names, combo))) for combo in itertools.product(*(lists[n] for n in names))]
+    for config in configs:
+        validate(config)
+    # Group configs of one world size (and backend/device) together: they share one set of processes.
+    configs.sort(key=lambda c: (c.backend, c.device, c.world_size))
+    return list(dict.fromkeys(configs))  # drop duplicates, keep order
+
+
+def validate(config: RunConfig, gpu_count: int | None = None) -> None:
+    """Raise ConfigError for the first invalid value of `config`."""
+    _one_of("model", config.model, sorted(WORKLOADS))
+    _one_of("impl", config.impl, IMPLS)
+    _one_of("comm-hook", config.comm_hook, ["none", *HOOKS])
+    for name, minimum in (("world_size", 1), ("sync_every", 1), ("process_groups", 1), ("batch_size", 1),
+                          ("image_size", 8), ("seq_len", 2), ("iters", 1), ("warmup", 0), ("threads", 1)):
+        value = getattr(config, name)
+        if value < minimum:
+            raise ConfigError(f"--{_flag(name)}={value} is not allowed; it must be >= {minimum}")
+    if config.bucket_mb < 0:
+        raise ConfigError(f"--bucket-mb={config.bucket_mb} is not allowed; it must be >= 0 (0 = one parameter per bucket)")
+    if config.impl == "torch" and (config.process_groups > 1):
+        raise ConfigError("--process-groups > 1 needs --impl ddp_core or ddp_core_no_overlap (PyTorch's DDP takes one group)")
+    validate_backend(config.backend, config.device, config.world_size, gpu_count)
+
+
+def validate_backend(backend: str, device: str, world_size: int, gpu_count: int | None = None) -> None:
+    """Raise ConfigError unless `backend` can reduce `device` tensors over `world_size` local ranks here."""
+    _one_of("backend", backend, BACKENDS)
+    _one_of("device", device, DEVICES)
+    if backend == "nccl" and device != "cuda":
+        raise ConfigError(f"--backend nccl needs --device cuda (NCCL reduces only GPU tensors), got --device {device}")
+    if backend == "mpi":
+        import torch.distributed as dist
+
+        if not dist.is_mpi_available():
+            raise ConfigError("--backend mpi is not available: this torch build has no MPI support; use gloo or nccl")
+    if device == "cuda":
+        if gpu_count is None:
+            import torch
+
+            gpu_count = torch.cuda.device_count()
+        if gpu_count == 0:
+            raise ConfigError("--device cuda needs a CUDA GPU, and none is visible; use --device cpu")
+        # Under torchrun the ranks may span machines: the local GPU count does not bound the world size.
+        if backend == "nccl" and world_size > gpu_count and "WORLD_SIZE" not in os.environ:
+            raise ConfigError(
+                f"--world-size={world_size} exceeds the {gpu_count} GPU(s) here; NCCL needs one GPU per rank"
+            )
+
+
+def parse_ints(flag: str, text: str, minimum: int) -> list[int]:
+    """Parse a comma-separated list of integers, each at least `minimum`, naming the flag on error."""
+    values = []
+    for item in text.split(","):
+        try:
+            number = float(item)  # accepts 60000000 and 6e7 alike
+            if not number.is_integer():
+                raise ValueError
+            value = int(number)
+        except ValueError:
+            raise ConfigError(f"--{flag}: {item.strip()!r} is not an integer") from None
+        if value < minimum:
+            raise ConfigError(f"--{flag}={value} is not allowed; it must be >= {minimum}")
+        values.append(value)
+    return values
+
+
+def default_backend_and_device() -> tuple[str, str]:
+    """NCCL on CUDA where GPUs exist, else Gloo on the CPU."""
+    import torch
+
+    return ("nccl", "cuda") if torch.cuda.is_available() else ("gloo", "cpu")
+
+
+def _one_of(name: str, value: str, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"--{name}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")

@@ -1,0 +1,160 @@
+"""The measured training loop that runs on every rank, for one config.
+
+The step reads top to bottom in `measure`: forward, backward (with the all-reduces it overlaps),
+waiting for communication, optimizer. Phase boundaries come from a `Clock` that synchronises the device
+before reading it (CUDA events on GPUs), and from ddp_core's reducer observer, which marks the moment
+autograd finished computing gradients so that waiting for the all-reduce can be told apart.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+import ddp_core
+from ddp_core.hooks import HOOKS
+
+from .config import RunConfig
+from .workloads import workload
+
+PHASES = ("forward", "backward", "exposed_comm", "optimizer")
+
+
+class Clock:
+    """Timestamps within one iteration; on CUDA, events read only after a device synchronisation."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: dict[str, object] = {}
+
+    def mark(self, name: str) -> None:
+        """Remember now under `name` (on CUDA: an event on the current stream)."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks[name] = event
+        else:
+            self.marks[name] = time.perf_counter()
+
+    def start(self) -> None:
+        """Begin an iteration: the device is idle, so nothing earlier leaks into it."""
+        if self.cuda:
+            torch.cuda.synchronize()  # a sync point, outside the measured interval
+        self.marks = {}
+        self.mark("start")
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds from the start to each mark (synchronises the device first)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            start = self.marks["start"]
+            return {k: start.elapsed_time(e) / 1000 for k, e in self.marks.items()}
+        return {k: t - self.marks["start"] for k, t in self.marks.items()}
+
+
+class BucketTimes:
+    """ddp_core reducer observer: marks the end of backward compute and each bucket's launch and completion."""
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+        self.buckets: dict[int, list[float]] = {}
+
+    def bucket_launched(self, index: int, future: torch.futures.Future) -> None:
+        """Record the launch time and, when the all-reduce completes, its completion time."""
+        self.buckets[index] = [time.perf_counter(), None]
+        future.then(lambda _: self.buckets[index].__setitem__(1, time.perf_counter()))
+
+    def backward_computed(self) -> None:
+        """Mark the moment autograd finished computing gradients."""
+        self.clock.mark("backward_computed")
+
+    def gradients_synchronised(self) -> None:
+        """Nothing to mark: backward() returns right after this."""
+
+
+def wrap(model: torch.nn.Module, config: RunConfig, device: torch.device) -> torch.nn.Module:
+    """Wrap `model` in the DDP implementation the config names."""
+    device_ids = [device] if device.type == "cuda" else None
+    hook = HOOKS.get(config.comm_hook)
+    if config.impl == "torch":
+        ddp = TorchDDP(model, device_ids=device_ids, bucket_cap_mb=config.bucket_mb)
+    else:
+        groups = ddp_core.new_round_robin_groups(config.process_groups) if config.process_groups > 1 else None
+        ddp = ddp_core.DistributedDataParallel(model, device_ids=device_ids, process_group=groups,
+                                               bucket_cap_mb=config.bucket_mb, overlap=config.impl == "ddp_core")
+    if hook is not None:
+        ddp.register_comm_hook(None, hook)
+    return ddp
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """A hash of every parameter's bytes: equal on all ranks exactly when the replicas are equal."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def measure(rank: int, world_size: int, config_fields: dict) -> dict:
+    """Run one config on this rank: warm-up, then measured iterations; returns raw per-iteration times."""
+    config = RunConfig(**config_fields)
+    setup_start = time.perf_counter()
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if config.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(config.seed)
+    family = workload(config.model)
+    model = family.MODELS[config.model]().to(device)
+    ddp = wrap(model, config, device)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+    generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
+    batch = {k: v.to(device) for k, v in
+             family.make_batch(model, config.batch_size, config.image_size, config.seq_len, generator).items()}
+    clock = Clock(device)
+    observer = BucketTimes(clock) if isinstance(ddp, ddp_core.DistributedDataParallel) else None
+    if observer is not None:
+        ddp.reducer.observer = observer
+    setup_s = time.perf_counter() - setup_start
+
+    iterations, timeline = [], None
+    for i in range(config.warmup + config.iters):
+        measured = i - config.warmup
+        # Skip-sync (E5): reduce every n-th iteration, accumulate locally in between. Warm-up syncs always.
+        sync = measured < 0 or (measured + 1) % config.sync_every == 0
+        if observer is not None:
+            observer.buckets = {}
+        wall_start = time.perf_counter()
+        clock.start()
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            loss = family.loss(ddp, batch)
+            clock.mark("forward")
+            loss.backward()  # with ddp_core: compute, then the wait for all-reduce at its end
+            clock.mark("backward")
+        if sync:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        clock.mark("optimizer")
+        marks = clock.seconds()
+        if measured < 0:
+            continue
+        computed = marks.get("backward_computed", marks["backward"]) if sync else marks["backward"]
+        phases = {
+            "forward": marks["forward"],
+            "backward": computed - marks["forward"],
+            # Not separable inside PyTorch's C++ reducer: its wait is part of "backward" there.
+            "exposed_comm": marks["backward"] - computed if observer is not None else None,
+            "optimizer": marks["optimizer"] - marks["backward"],
+        }
+        iterations.append({"latency": marks["optimizer"], "phases": phases})
+        if observer is not None and observer.buckets:
+            timeline = {"wall_start": wall_start, "marks": marks,
+                        "buckets": {k: [None if t is None else t - wall_start for t in v]
+                                    for k, v in sorted(observer.buckets.items())}}
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return {"rank": rank, "setup_s": setup_s, "iterations": iterations, "digest": parameter_digest(model),
+            "timeline": timeline}

@@ -1,0 +1,149 @@
+"""The record store: one JSON line per measured config (or all-reduce row, or training run).
+
+Every record carries `schema_version`; readers refuse versions they do not know. Appends are one
+`write` of a whole line to a file opened for appending, so a crash cannot interleave records; a torn
+last line (power loss mid-write) is skipped by the reader with a warning, and never counts as done.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+KINDS = ("run", "allreduce", "train")
+
+
+class SchemaError(ValueError):
+    """A record file written by an incompatible version of ddpbench."""
+
+
+def summarize(latency_s: list[float], samples_per_iteration: int) -> dict:
+    """Mean, percentiles, min and max of per-iteration latency, and throughput at the median."""
+    x = np.asarray(latency_s, dtype=float)
+    p50, p90, p95 = np.percentile(x, [50, 90, 95])
+    return {
+        "mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p95": float(p95),
+        "min": float(x.min()), "max": float(x.max()), "n": int(x.size),
+        "throughput": samples_per_iteration / float(p50),  # samples/s over all ranks
+    }
+
+
+def append_record(path: Path, record: dict) -> None:
+    """Append `record` as one line, in one write call, and flush it to disk."""
+    line = (json.dumps({"schema_version": SCHEMA_VERSION, **record}, allow_nan=False) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, line)
+        if written != len(line):
+            raise OSError(f"short write to {path}: {written} of {len(line)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_records(path: Path | str) -> list[dict]:
+    """Every record in a JSON-lines file, or in every *.jsonl file under a folder."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no record file or folder at {path}")
+    files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+    records = []
+    for file in files:
+        lines = file.read_bytes().split(b"\n")
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if number == len(lines):  # the last line, without its newline: torn by a crash
+                    warnings.warn(f"{file}:{number}: skipping a torn last line", stacklevel=2)
+                    continue
+                raise SchemaError(f"{file}:{number}: not a JSON record") from None
+            version = record.get("schema_version")
+            if version != SCHEMA_VERSION:
+                raise SchemaError(
+                    f"{file}:{number}: schema_version {version!r}, but this ddpbench reads version "
+                    f"{SCHEMA_VERSION}; re-run the measurement or use the ddpbench that wrote it"
+                )
+            records.append(record)
+    return records
+
+
+def load_records(path: Path | str, kind: str = "run"):
+    """Records of one kind as a pandas DataFrame: config fields as columns, plus summary and breakdown."""
+    import pandas as pd
+
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} is unknown; choose one of {', '.join(KINDS)}")
+    rows = []
+    for record in read_records(path):
+        if record.get("kind") != kind:
+            continue
+        row = {**record.get("config", {}), "status": record["status"]}
+        row.update({f"{k}": v for k, v in record.items() if k not in ("config", "summary", "breakdown_s", "env")})
+        row.update({f"latency_{k}": v for k, v in (record.get("summary") or {}).items()})
+        row.update({f"{k}_s": v for k, v in (record.get("breakdown_s") or {}).items()})
+        row.update({f"env_{k}": v for k, v in (record.get("env") or {}).items()})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def config_key(config: dict) -> str:
+    """A stable text key of a resolved config: equal configs, equal keys (what --resume compares)."""
+    return json.dumps(config, sort_keys=True)
+
+
+def recorded_keys(path: Path) -> set[str]:
+    """Keys of the configs that already have a successful record (what --resume skips)."""
+    if not path.exists():
+        return set()
+    return {config_key(r["config"]) for r in read_records(path) if r.get("status") == "ok"}
+
+
+def environment(threads: int | None = None) -> dict:
+    """Where and with what a record was measured: commit, versions, host, CPU, GPU, threads, time."""
+    import torch
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                  cwd=Path(__file__).resolve().parent).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    cuda = torch.cuda.is_available()
+    nccl = torch.cuda.nccl.version() if cuda else None
+    return {
+        "git_commit": git("rev-parse", "HEAD") or None,
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "threads_per_rank": threads,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

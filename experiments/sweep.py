@@ -1,0 +1,188 @@
+"""Run a list of configs and record each as soon as it is measured.
+
+Configs that share backend, device, world size and threads run in one pool of rank processes (no
+start-up cost per config). A config whose rank raises or hangs is recorded as failed, its pool is
+replaced, and the sweep goes on; finished configs are never lost, and `--resume` skips them.
+Under torchrun, this process is already one rank: configs run in place and rank 0 writes the records.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch.distributed as dist
+from tqdm import tqdm
+
+from .config import RunConfig
+from .harness import PHASES, measure
+from .launch import RankFailed, RankPool, RanksTimedOut
+from .records import append_record, config_key, environment, recorded_keys, summarize
+
+
+def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
+    """Combine every rank's raw samples into one record: the slowest rank sets each iteration's latency."""
+    iterations = list(zip(*(r["iterations"] for r in per_rank)))
+    latency = [max(it["latency"] for it in per_rank_its) for per_rank_its in iterations]
+    breakdown = {}
+    for phase in PHASES:
+        per_iteration = [[it["phases"][phase] for it in its] for its in iterations]
+        slowest = [max(values) for values in per_iteration if None not in values]
+        breakdown[phase] = statistics.median(slowest) if slowest else None
+    digests = [r["digest"] for r in per_rank]
+    wrong = [r["rank"] for r in per_rank if r["digest"] != digests[0]]
+    return {
+        "kind": "run",
+        "status": "ok",
+        "config": dataclasses.asdict(config),
+        "latency_s": latency,
+        "summary": summarize(latency, config.batch_size * config.world_size),
+        "breakdown_s": breakdown,
+        "phases_s": {p: [[it["phases"][p] for it in r["iterations"]] for r in per_rank] for p in PHASES},
+        "buckets": [r["timeline"]["buckets"] if r["timeline"] else None for r in per_rank],
+        "correct": not wrong,
+        "wrong_ranks": wrong,
+        "timing": {"setup_s": max(r["setup_s"] for r in per_rank), "config_wall_s": wall_s},
+    }
+
+
+def summary_line(record: dict) -> str:
+    """One line per finished job: what it was, and its p50 latency (and throughput where it has one)."""
+    what = " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in record["config"].items()
+                    if k not in ("iters", "warmup", "seed", "reps", "threads"))
+    if record["status"] != "ok":
+        return f"FAILED {what}: {record['error'].strip().splitlines()[-1]}"
+    s = record["summary"]
+    extra = f", {s['throughput']:.1f} samples/s" if "throughput" in s else ""
+    extra += f", busbw {s['busbw_GBps']:.2f} GB/s" if "busbw_GBps" in s else ""
+    check = "" if record.get("correct", True) else "  WRONG"
+    return f"{what}: p50 {s['p50'] * 1e3:.2f} ms{extra}{check}"
+
+
+def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, kind: str, resume: bool = False,
+             timeout: float = 600.0, on_record: Callable | None = None, echo: Callable = print) -> dict:
+    """Measure each job (a frozen dataclass with backend, device, world_size, threads) on its ranks.
+
+    `measure_fn(rank, world_size, fields)` runs on every rank; `to_record(job, per_rank, wall_s)` turns
+    the ranks' results into a record. Jobs sharing backend, device, world size and threads share one
+    pool of processes. Returns counts of ok, failed and skipped (already recorded, with `resume`) jobs.
+    """
+    done = recorded_keys(out) if resume else set()
+    todo = [job for job in jobs if config_key(dataclasses.asdict(job)) not in done]
+    counts = {"ok": 0, "failed": 0, "skipped": len(jobs) - len(todo)}
+    env = environment(threads=todo[0].threads if todo else None)
+    bar = tqdm(total=len(todo), unit="config", disable=not sys.stderr.isatty(), dynamic_ncols=True)
+    say = echo if bar.disable else bar.write
+    try:
+        for (backend, _device, world_size, threads), group in itertools.groupby(
+            todo, key=lambda job: (job.backend, job.device, job.world_size, job.threads)
+        ):
+            pool = None
+            try:
+                for job in group:
+                    pool = pool or RankPool(world_size, backend=backend, threads=threads, timeout=timeout)
+                    started = time.perf_counter()
+                    per_rank = None
+                    try:
+                        per_rank = pool.run(measure_fn, (dataclasses.asdict(job),), timeout=timeout)
+                        record = to_record(job, per_rank, time.perf_counter() - started)
+                    except (RankFailed, RanksTimedOut) as error:
+                        record = {"kind": kind, "status": "failed", "error": f"{type(error).__name__}: {error}",
+                                  "config": dataclasses.asdict(job)}
+                        pool = None  # closed by the failure; the next job gets fresh ranks
+                    record["env"] = {**env, "threads_per_rank": threads}
+                    append_record(out, record)
+                    if on_record is not None and per_rank is not None:
+                        on_record(job, record, per_rank)
+                    counts[record["status"]] += 1
+                    bar.update()
+                    say(summary_line(record))
+            finally:
+                if pool is not None:
+                    pool.close(graceful=sys.exc_info()[0] is None)
+    finally:
+        bar.close()
+    return counts
+
+
+def run_sweep(configs: list[RunConfig], out: Path, resume: bool = False, timeout: float = 600.0,
+              trace_dir: Path | None = None, echo: Callable = print) -> dict:
+    """Measure every training config (skipping recorded ones with `resume`); see `run_jobs`."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return _run_under_torchrun(configs, out, resume, trace_dir, echo)
+
+    def trace(config, record, per_rank):
+        if trace_dir is not None:
+            write_trace(trace_dir, config, per_rank)
+
+    return run_jobs(configs, out, measure, make_record, "run", resume=resume, timeout=timeout, on_record=trace,
+                    echo=echo)
+
+
+def _run_under_torchrun(configs, out, resume, trace_dir, echo) -> dict:
+    """torchrun started this process as one rank: run each config in place; rank 0 records."""
+    if not dist.is_initialized():
+        dist.init_process_group(configs[0].backend if configs else "gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    mismatched = [c for c in configs if c.world_size != world_size]
+    if mismatched:
+        raise ValueError(f"--world-size must be {world_size} under torchrun (got {mismatched[0].world_size})")
+    done = recorded_keys(out) if resume and rank == 0 else set()
+    shared = [done]
+    dist.broadcast_object_list(shared, src=0)  # every rank must skip the same configs
+    counts = {"ok": 0, "failed": 0, "skipped": 0}
+    env = environment(threads=configs[0].threads if configs else None) if rank == 0 else {}
+    for config in configs:
+        if config_key(dataclasses.asdict(config)) in shared[0]:
+            counts["skipped"] += 1
+            continue
+        started = time.perf_counter()
+        local = measure(rank, world_size, dataclasses.asdict(config))
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, local)
+        if rank == 0:
+            record = {**make_record(config, gathered, time.perf_counter() - started), "env": env}
+            append_record(out, record)
+            if trace_dir is not None:
+                write_trace(trace_dir, config, gathered)
+            echo(summary_line(record))
+        counts["ok"] += 1
+    return counts
+
+
+def write_trace(trace_dir: Path, config: RunConfig, per_rank: list[dict]) -> Path:
+    """A Chrome/Perfetto trace of the last measured iteration: phases and bucket all-reduces, per rank."""
+    events = []
+    for r in per_rank:
+        timeline, last = r["timeline"], r["iterations"][-1]
+        pid = f"rank {r['rank']}"
+        start = 0.0
+        for phase in PHASES:
+            duration = last["phases"][phase]
+            if duration is None:
+                continue
+            events.append({"name": phase, "ph": "X", "pid": pid, "tid": "compute", "ts": start * 1e6,
+                           "dur": duration * 1e6})
+            start += duration
+        if timeline:
+            for index, (launched, done) in timeline["buckets"].items():
+                if done is None:
+                    continue
+                events.append({"name": f"all-reduce bucket {index}", "ph": "X", "pid": pid, "tid": "communication",
+                               "ts": launched * 1e6, "dur": (done - launched) * 1e6})
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    c = config
+    digest = hashlib.sha1(config_key(dataclasses.asdict(c)).encode()).hexdigest()[:8]  # tells apart the rest
+    name = (f"{c.model}_{c.impl}_{c.backend}-{c.device}_ws{c.world_size}_bucket{c.bucket_mb:g}_sync{c.sync_every}"
+            f"_pg{c.process_groups}_{c.comm_hook}_{digest}")
+    path = trace_dir / f"{name}.json"
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return path
+

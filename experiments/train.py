@@ -1,0 +1,136 @@
+"""Convergence under skipped synchronisation (the paper's E6): training loss per iteration for sync-every n.
+
+The task has a known solution: a fixed random "teacher" network labels random inputs, and a student of
+the same shape learns to imitate it, so the loss can fall towards zero. Every iteration each rank draws
+a fresh batch; with sync-every n, n-1 backward passes run inside no_sync() and the n-th reduces the
+accumulated gradients, after which the optimizer steps (stepping without a reduction would let the
+replicas drift apart). The loss is recorded per iteration, averaged over the ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import statistics
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_core import DistributedDataParallel
+
+from .config import ConfigError, default_backend_and_device, parse_ints, validate_backend
+
+IN_FEATURES, HIDDEN, CLASSES = 32, 64, 10
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run of the convergence experiment."""
+
+    sync_every: int
+    backend: str
+    device: str
+    world_size: int
+    batch_size: int
+    iters: int
+    lr: float
+    seed: int
+    threads: int
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `train` sub-command's options."""
+    parser.add_argument("--sync-every", default="1,2,4,8", help="comma-separated n: reduce every n iterations")
+    parser.add_argument("--backend")
+    parser.add_argument("--device")
+    parser.add_argument("--world-size", default="2")
+    parser.add_argument("--batch-size", type=int, default=16, help="per rank and iteration")
+    parser.add_argument("--iters", type=int, default=400)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+
+
+def resolve(args: argparse.Namespace) -> list[TrainConfig]:
+    """Validated training runs, one per (backend, world size, sync-every)."""
+    default_backend, default_device = default_backend_and_device()
+    backends = [b.strip() for b in (args.backend or default_backend).split(",")]
+    device = args.device or default_device
+    for name, value in (("batch-size", args.batch_size), ("iters", args.iters), ("threads", args.threads)):
+        if value < 1:
+            raise ConfigError(f"--{name}={value} is not allowed; it must be >= 1")
+    if not args.lr > 0:
+        raise ConfigError(f"--lr={args.lr} is not allowed; it must be > 0")
+    runs = []
+    for backend, world_size, n in itertools.product(
+        backends, parse_ints("world-size", args.world_size, 1), parse_ints("sync-every", args.sync_every, 1)
+    ):
+        validate_backend(backend, device, world_size)
+        runs.append(TrainConfig(n, backend, device, world_size, args.batch_size, args.iters, args.lr, args.seed,
+                                args.threads))
+    return runs
+
+
+def mlp() -> nn.Module:
+    """The architecture of teacher and student."""
+    return nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, CLASSES))
+
+
+def train(rank: int, world_size: int, fields: dict) -> dict:
+    """On one rank: train the student; return the rank-averaged loss per iteration and held-out accuracy."""
+    config = TrainConfig(**fields)
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if config.device == "cuda" else torch.device("cpu")
+    torch.manual_seed(12345)  # the teacher is the same for every config: the task must not change with n
+    teacher = mlp().to(device)
+    torch.manual_seed(config.seed)
+    student = DistributedDataParallel(mlp().to(device), device_ids=[device] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(student.parameters(), lr=config.lr, momentum=0.9)
+    generator = torch.Generator().manual_seed(config.seed * 7919 + rank)
+
+    def batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(size, IN_FEATURES, generator=generator).to(device)
+        with torch.no_grad():
+            return x, teacher(x).argmax(dim=1)
+
+    losses = []
+    for i in range(config.iters):
+        x, y = batch(config.batch_size)
+        sync = (i + 1) % config.sync_every == 0
+        with contextlib.nullcontext() if sync else student.no_sync():
+            loss = nn.functional.cross_entropy(student(x), y)
+            # Accumulated over n iterations, the gradient is n times one iteration's: divide to keep the
+            # step size of the average, as gradient accumulation does.
+            (loss / config.sync_every).backward()
+        if sync:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    mean_losses = torch.tensor(losses, dtype=torch.float64)
+    dist.all_reduce(mean_losses)
+    x, y = batch(2048)
+    with torch.no_grad():
+        accuracy = (student.module(x).argmax(dim=1) == y).double().mean().item()
+    return {"loss": (mean_losses / world_size).tolist(), "accuracy": accuracy}
+
+
+def make_record(config: TrainConfig, per_rank: list[dict], wall_s: float) -> dict:
+    """The run's record: loss per iteration and the mean held-out accuracy over the ranks."""
+    losses = per_rank[0]["loss"]
+    tail = losses[-max(1, len(losses) // 10):]
+    return {
+        "kind": "train", "status": "ok", "config": dataclasses.asdict(config),
+        "loss": losses,
+        "summary": {"p50": statistics.median(tail), "final_loss_mean": statistics.fmean(tail),
+                    "accuracy": statistics.fmean(r["accuracy"] for r in per_rank)},
+        "timing": {"config_wall_s": wall_s},
+    }
+
+
+def run(runs: list[TrainConfig], args: argparse.Namespace) -> dict:
+    """Train every run not yet recorded (see sweep.run_jobs)."""
+    from .sweep import run_jobs
+
+    return run_jobs(runs, args.out, train, make_record, "train", resume=args.resume, timeout=args.timeout)

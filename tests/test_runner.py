@@ -1,0 +1,220 @@
+"""The experiment runner: grid, validation, records, resume, faults, and tiny end-to-end sweeps."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from experiments.config import ConfigError, RunConfig, expand_grid, validate
+from experiments.records import SchemaError, append_record, load_records, read_records
+from experiments.sweep import run_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--model", "resnet-tiny", "--image-size", "16", "--batch-size", "2", "--iters", "3", "--warmup", "1"]
+
+
+def test_grid_is_the_cartesian_product_grouped_by_world_size():
+    configs = expand_grid({"world_size": [2, 1], "bucket_mb": [0.0, 25.0], "impl": ["ddp_core", "torch"]})
+    assert len(configs) == 8
+    assert [c.world_size for c in configs] == [1] * 4 + [2] * 4  # one pool of ranks per world size
+    assert expand_grid({"bucket_mb": [1.0, 1.0]}) == [RunConfig(bucket_mb=1.0)]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "resnet51"], "--model='resnet51' is not allowed; choose one of .*resnet50"),
+    (["--backend", "nccl", "--device", "cpu"], "--backend nccl needs --device cuda"),
+    (["--bucket-mb", "-1"], "--bucket-mb=-1.0 is not allowed; it must be >= 0"),
+    (["--sync-every", "0"], "--sync-every=0 is not allowed; it must be >= 1"),
+    (["--iters", "0"], "--iters=0 is not allowed; it must be >= 1"),
+    (["--world-size", "two"], "--world-size: 'two' is not a valid int"),
+    (["--impl", "horovod"], "--impl='horovod' is not allowed"),
+    (["--timeout", "0"], "--timeout=0.0 is not allowed; it must be > 0"),
+])
+def test_bad_input_exits_2_naming_parameter_and_value_and_writes_nothing(tmp_path, capsys, argv, needle):
+    out = tmp_path / "records.jsonl"
+    assert main(["run", *argv, "--out", str(out)]) == 2
+    import re
+    assert re.search(needle, capsys.readouterr().err), capsys.readouterr
+    assert not out.exists()
+
+
+def test_unwritable_output_is_rejected_before_running(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["run", *TINY, "--out", str(blocker / "records.jsonl")]) == 2
+    assert "cannot create it" in capsys.readouterr().err
+
+
+def test_nccl_world_size_above_gpu_count_is_rejected():
+    with pytest.raises(ConfigError, match="--world-size=4 exceeds the 2 GPU"):
+        validate(RunConfig(backend="nccl", device="cuda", world_size=4), gpu_count=2)
+
+
+def test_records_round_trip_into_a_dataframe_and_refuse_unknown_versions(tmp_path):
+    path = tmp_path / "r.jsonl"
+    record = {"kind": "run", "status": "ok", "config": {"model": "m", "bucket_mb": 1.0},
+              "summary": {"p50": 0.5}, "breakdown_s": {"forward": 0.1}, "env": {"host": "h"}}
+    append_record(path, record)
+    append_record(path, {**record, "config": {"model": "m", "bucket_mb": 2.0}})
+    frame = load_records(path)
+    assert list(frame["bucket_mb"]) == [1.0, 2.0]
+    assert list(frame["latency_p50"]) == [0.5, 0.5] and list(frame["forward_s"]) == [0.1, 0.1]
+    with open(path, "a") as f:
+        f.write('{"schema_version": 1, "kind": "run", "sta')  # a torn last line
+    with pytest.warns(UserWarning, match="torn last line"):
+        assert len(read_records(path)) == 2
+    bad = tmp_path / "old.jsonl"
+    bad.write_text(json.dumps({"schema_version": 99, "kind": "run"}) + "\n")
+    with pytest.raises(SchemaError, match="schema_version 99, but this ddpbench reads version 1"):
+        read_records(bad)
+
+
+@pytest.mark.timeout(300)
+def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys):
+    out, trace = tmp_path / "r.jsonl", tmp_path / "trace"
+    argv = ["run", *TINY, "--world-size", "2", "--impl", "ddp_core,torch", "--sync-every", "1,3",
+            "--out", str(out)]
+    assert main([*argv, "--trace", str(trace)]) == 0
+    records = read_records(out)
+    assert len(records) == 4 and all(r["status"] == "ok" and r["correct"] for r in records)
+    for r in records:
+        assert len(r["latency_s"]) == 3 and r["summary"]["p50"] > 0
+        assert r["breakdown_s"]["forward"] > 0 and r["breakdown_s"]["backward"] > 0
+        assert (r["breakdown_s"]["exposed_comm"] is None) == (r["config"]["impl"] == "torch")
+        assert r["env"]["git_commit"] and r["env"]["torch"]
+    ours = next(r for r in records if r["config"]["impl"] == "ddp_core" and r["config"]["sync_every"] == 1)
+    assert ours["buckets"][0], "per-bucket launch and completion times are missing"
+    trace_events = json.loads(next(trace.glob("resnet-tiny_ddp_core_*_sync1_*.json")).read_text())["traceEvents"]
+    names = {e["name"] for e in trace_events}
+    assert {"forward", "backward", "exposed_comm", "optimizer"} <= names
+    assert any(n.startswith("all-reduce bucket") for n in names)
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0
+    assert "0 ok, 0 failed, 4 skipped" in capsys.readouterr().out
+    assert len(read_records(out)) == 4
+
+
+def flaky_measure(rank, world_size, fields):
+    """A stand-in workload: config 1 crashes on rank 1, config 2 hangs on rank 0, the others succeed."""
+    job = fields["seed"]
+    if job == 1 and rank == 1:
+        raise RuntimeError("injected failure")
+    if job == 2 and rank == 0:
+        time.sleep(3600)
+    import torch.distributed as dist
+    dist.barrier()
+    return {"rank": rank, "pid": os.getpid()}
+
+
+@pytest.mark.timeout(300)
+def test_a_crashing_or_hanging_rank_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path):
+    out = tmp_path / "r.jsonl"
+    jobs = [RunConfig(seed=s) for s in range(4)]
+    lines = []
+    started = time.monotonic()
+    counts = run_jobs(jobs, out, flaky_measure, lambda job, per_rank, wall: {"kind": "run", "status": "ok",
+                      "config": {"seed": job.seed}, "summary": {"p50": wall}, "pids": [r["pid"] for r in per_rank]},
+                      "run", timeout=20, echo=lines.append)
+    assert time.monotonic() - started < 120
+    assert counts == {"ok": 2, "failed": 2, "skipped": 0}
+    records = read_records(out)
+    assert [r["status"] for r in records] == ["ok", "failed", "failed", "ok"]
+    assert "rank 1 of 2 raised" in records[1]["error"] and "injected failure" in records[1]["error"]
+    assert "rank(s) [0, 1] did not finish within 20 s" in records[2]["error"]  # rank 1 waits for rank 0
+    assert any(line.startswith("FAILED") for line in lines)
+    for pid in records[0]["pids"] + records[3]["pids"]:  # no rank process is left behind
+        assert not _alive(pid), f"process {pid} outlived the sweep"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead, just not yet reaped
+        return Path(f"/proc/{pid}/status").read_text().find("zombie") < 0
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path):
+    out = tmp_path / "r.jsonl"
+    argv = [sys.executable, "-m", "experiments", "run", *TINY, "--iters", "40", "--bucket-mb", "0,1,2,3,25",
+            "--out", str(out)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not out.exists() or not out.read_text().strip()):
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "add --resume to continue" in err
+    finished = len(read_records(out))
+    assert 1 <= finished < 5
+    done = subprocess.run([*argv, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert f"{5 - finished} ok, 0 failed, {finished} skipped" in done.stdout
+    assert sorted(r["config"]["bucket_mb"] for r in read_records(out)) == [0, 1, 2, 3, 25]
+
+
+@pytest.mark.timeout(300)
+def test_allreduce_microbenchmark_checks_every_row(tmp_path):
+    out = tmp_path / "a.jsonl"
+    assert main(["allreduce", "--total", "65536", "--per-call", "1024,65536", "--sizes", "4096,262144",
+                 "--reps", "2", "--warmup", "1", "--out", str(out)]) == 0
+    records = read_records(out)
+    assert [r["config"]["mode"] for r in records] == ["granularity", "granularity", "size", "size"]
+    assert all(r["correct"] and r["wrong"] == 0 for r in records)
+    assert [r["summary"]["calls"] for r in records] == [64, 1, 1, 1]
+    size_row = records[3]["summary"]
+    assert size_row["busbw_GBps"] == pytest.approx(size_row["algbw_GBps"] * 2 * (2 - 1) / 2)
+
+
+@pytest.mark.timeout(300)
+def test_convergence_mode_records_a_falling_loss_per_sync_every(tmp_path):
+    out = tmp_path / "t.jsonl"
+    assert main(["train", "--sync-every", "1,4", "--iters", "120", "--out", str(out)]) == 0
+    records = read_records(out)
+    assert [r["config"]["sync_every"] for r in records] == [1, 4]
+    for r in records:
+        assert len(r["loss"]) == 120
+        assert sum(r["loss"][-10:]) < 0.7 * sum(r["loss"][:10]), r["config"]
+        assert r["summary"]["accuracy"] > 0.3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(300)
+def test_two_torchrun_agents_record_what_the_built_in_launcher_records(tmp_path):
+    """Two torchrun "nodes" on loopback, joined by a c10d rendezvous, run the same sweep."""
+    sweep = ["run", *TINY, "--world-size", "2", "--impl", "ddp_core,torch", "--threads", "1"]
+    builtin = tmp_path / "builtin.jsonl"
+    assert main([*sweep, "--out", str(builtin)]) == 0
+    out, port = tmp_path / "torchrun.jsonl", _free_port()
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+             "--rdzv-id", "ddpbench-test", "--max-restarts", "0",
+             "-m", "experiments", *sweep, "--out", str(out)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for node in range(2)
+    ]
+    logs = [a.communicate(timeout=240)[0] for a in agents]
+    assert all(a.returncode == 0 for a in agents), "\n".join(logs)
+    expected, got = read_records(builtin), read_records(out)
+    assert [r["config"] for r in got] == [r["config"] for r in expected]
+    assert all(r["status"] == "ok" and r["correct"] and len(r["latency_s"]) == 3 for r in got)
