@@ -16,25 +16,24 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from scipy.stats import bootstrap
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ddp_core import DistributedDataParallel  # noqa: E402
 from experiments.launch import run_ranks  # noqa: E402
 from experiments.records import environment  # noqa: E402
+from experiments.stats import ratio_of_medians  # noqa: E402
 from experiments.workloads import workload  # noqa: E402
 
-# name -> (wrapper, keyword arguments, whether .grad stays allocated between iterations)
+# name -> (wrapper, keyword arguments)
 IMPLS = {
-    "ddp_core": (DistributedDataParallel, {}, False),
-    "ddp_core_view": (DistributedDataParallel, {"gradient_as_bucket_view": True}, True),
-    "ddp_core_no_overlap": (DistributedDataParallel, {"overlap": False}, False),
-    "torch": (TorchDDP, {}, False),
-    "torch_view": (TorchDDP, {"gradient_as_bucket_view": True}, True),
+    "ddp_core": (DistributedDataParallel, {}),
+    "ddp_core_view": (DistributedDataParallel, {"gradient_as_bucket_view": True}),
+    "ddp_core_no_overlap": (DistributedDataParallel, {"overlap": False}),
+    "torch": (TorchDDP, {}),
+    "torch_view": (TorchDDP, {"gradient_as_bucket_view": True}),
 }
 # (numerator, denominator, goal): ratios of median latency reported in the README.
 RATIOS = [
@@ -52,18 +51,18 @@ def measure(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     batch = family.make_batch(family.MODELS[args.model](), batch_size, args.image_size, args.seq_len,
                               torch.Generator().manual_seed(rank))
     runs = {}
-    for name, (wrapper, kwargs, keep_grads) in IMPLS.items():
+    for name, (wrapper, kwargs) in IMPLS.items():
         torch.manual_seed(0)
         model = family.MODELS[args.model]()
         ddp = wrapper(model, bucket_cap_mb=args.bucket_mb, **kwargs)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-4)
-        runs[name] = (ddp, optimizer, keep_grads)
+        runs[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4))
 
     def step(name: str) -> float:
-        ddp, optimizer, keep_grads = runs[name]
+        ddp, optimizer = runs[name]
         start = time.perf_counter()
-        # Bucket-view variants keep .grad allocated, which is what makes the views pay off.
-        optimizer.zero_grad(set_to_none=not keep_grads)
+        # set_to_none (the default) for all: autograd's fresh gradient is copied into the bucket once;
+        # with bucket views nothing is copied back, and zeroing views would cost a pass of its own.
+        optimizer.zero_grad()
         family.loss(ddp, batch).backward()
         optimizer.step()
         return time.perf_counter() - start  # CPU only: nothing asynchronous is left to synchronise
@@ -82,16 +81,6 @@ def measure(rank: int, world_size: int, args: argparse.Namespace) -> dict:
             dist.all_gather_object(gathered, local)
             samples[name].extend(max(per_rank) for per_rank in zip(*gathered))
     return samples
-
-
-def ratio_of_medians(numerator: list[float], denominator: list[float]) -> dict:
-    """Ratio of medians with a percentile-bootstrap 95% confidence interval."""
-    ci = bootstrap(
-        (np.array(numerator), np.array(denominator)),
-        lambda a, b: np.median(a) / np.median(b),
-        vectorized=False, paired=False, n_resamples=2000, method="percentile", random_state=0,
-    ).confidence_interval
-    return {"ratio": statistics.median(numerator) / statistics.median(denominator), "ci95": [ci.low, ci.high]}
 
 
 def main() -> None:

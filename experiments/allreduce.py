@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .config import BACKENDS, DEVICES, ConfigError, default_backend_and_device, parse_ints, validate_backend
+from .harness import rank_device
 
 MODES = ("granularity", "size")
 DEFAULT_PER_CALL = "1000,10000,100000,1000000,10000000,60000000"
@@ -86,9 +87,7 @@ def resolve(args: argparse.Namespace) -> list[AllreduceConfig]:
 def measure(rank: int, world_size: int, fields: dict) -> dict:
     """On one rank: time `reps` repetitions of the row; count wrong elements afterwards."""
     row = AllreduceConfig(**fields)
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if row.device == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = rank_device(rank, row.device)
     flat = torch.empty(row.total_elements, dtype=torch.float32, device=device)
     chunks = flat.split(row.elements)
     times = []

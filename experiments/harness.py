@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
+from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.distributed as dist
@@ -76,6 +79,15 @@ class BucketTimes:
         """Nothing to mark: backward() returns right after this."""
 
 
+def rank_device(rank: int, device_type: str) -> torch.device:
+    """This rank's device: the CPU, or its local GPU (LOCAL_RANK under torchrun), made current."""
+    if device_type != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 def wrap(model: torch.nn.Module, config: RunConfig, device: torch.device) -> torch.nn.Module:
     """Wrap `model` in the DDP implementation the config names."""
     device_ids = [device] if device.type == "cuda" else None
@@ -99,13 +111,35 @@ def parameter_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def measure(rank: int, world_size: int, config_fields: dict) -> dict:
-    """Run one config on this rank: warm-up, then measured iterations; returns raw per-iteration times."""
-    config = RunConfig(**config_fields)
-    setup_start = time.perf_counter()
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if config.device == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+def train_step(ddp, family, batch: dict, optimizer, sync: bool, mark=lambda phase: None) -> None:
+    """One iteration: forward, backward (with the all-reduces), optimizer; `mark(phase)` at each phase end."""
+    with contextlib.nullcontext() if sync else ddp.no_sync():
+        loss = family.loss(ddp, batch)
+        mark("forward")
+        loss.backward()  # with ddp_core: compute, then the wait for all-reduce at its end
+        mark("backward")
+    if sync:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    mark("optimizer")
+
+
+@dataclass
+class Trainee:
+    """What one rank trains for a config: the model, its DDP wrapper, optimizer and a fixed batch."""
+
+    device: torch.device
+    family: ModuleType
+    model: torch.nn.Module
+    ddp: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: dict
+
+
+def build(rank: int, config: RunConfig) -> Trainee:
+    """Build this rank's model, wrapper, optimizer and synthetic batch (the same batch every iteration,
+    so that making data never counts as training time)."""
+    device = rank_device(rank, config.device)
     torch.manual_seed(config.seed)
     family = workload(config.model)
     model = family.MODELS[config.model]().to(device)
@@ -114,13 +148,22 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     batch = {k: v.to(device) for k, v in
              family.make_batch(model, config.batch_size, config.image_size, config.seq_len, generator).items()}
+    return Trainee(device, family, model, ddp, optimizer, batch)
+
+
+def measure(rank: int, world_size: int, config_fields: dict) -> dict:
+    """Run one config on this rank: warm-up, then measured iterations; returns raw per-iteration times."""
+    config = RunConfig(**config_fields)
+    setup_start = time.perf_counter()
+    t = build(rank, config)
+    device, ddp = t.device, t.ddp
     clock = Clock(device)
     observer = BucketTimes(clock) if isinstance(ddp, ddp_core.DistributedDataParallel) else None
     if observer is not None:
         ddp.reducer.observer = observer
     setup_s = time.perf_counter() - setup_start
 
-    iterations, timeline = [], None
+    iterations, timeline, warmup_s = [], None, 0.0
     for i in range(config.warmup + config.iters):
         measured = i - config.warmup
         # Skip-sync (E5): reduce every n-th iteration, accumulate locally in between. Warm-up syncs always.
@@ -129,17 +172,10 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
             observer.buckets = {}
         wall_start = time.perf_counter()
         clock.start()
-        with contextlib.nullcontext() if sync else ddp.no_sync():
-            loss = family.loss(ddp, batch)
-            clock.mark("forward")
-            loss.backward()  # with ddp_core: compute, then the wait for all-reduce at its end
-            clock.mark("backward")
-        if sync:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        clock.mark("optimizer")
+        train_step(ddp, t.family, t.batch, t.optimizer, sync, clock.mark)
         marks = clock.seconds()
         if measured < 0:
+            warmup_s += marks["optimizer"]
             continue
         computed = marks.get("backward_computed", marks["backward"]) if sync else marks["backward"]
         phases = {
@@ -156,5 +192,5 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
                                     for k, v in sorted(observer.buckets.items())}}
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return {"rank": rank, "setup_s": setup_s, "iterations": iterations, "digest": parameter_digest(model),
-            "timeline": timeline}
+    return {"rank": rank, "setup_s": setup_s, "warmup_s": warmup_s, "iterations": iterations,
+            "digest": parameter_digest(t.model), "timeline": timeline}

@@ -15,7 +15,6 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 
 SCHEMA_VERSION = 1
 KINDS = ("run", "allreduce", "train")
@@ -23,17 +22,6 @@ KINDS = ("run", "allreduce", "train")
 
 class SchemaError(ValueError):
     """A record file written by an incompatible version of ddpbench."""
-
-
-def summarize(latency_s: list[float], samples_per_iteration: int) -> dict:
-    """Mean, percentiles, min and max of per-iteration latency, and throughput at the median."""
-    x = np.asarray(latency_s, dtype=float)
-    p50, p90, p95 = np.percentile(x, [50, 90, 95])
-    return {
-        "mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p95": float(p95),
-        "min": float(x.min()), "max": float(x.max()), "n": int(x.size),
-        "throughput": samples_per_iteration / float(p50),  # samples/s over all ranks
-    }
 
 
 def append_record(path: Path, record: dict) -> None:

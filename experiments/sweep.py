@@ -8,6 +8,7 @@ Under torchrun, this process is already one rank: configs run in place and rank 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import itertools
 import json
@@ -24,7 +25,8 @@ from tqdm import tqdm
 from .config import RunConfig
 from .harness import PHASES, measure
 from .launch import RankFailed, RankPool, RanksTimedOut
-from .records import append_record, config_key, environment, recorded_keys, summarize
+from .records import append_record, config_key, environment, recorded_keys
+from .stats import summarize
 
 
 def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
@@ -49,7 +51,9 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
         "buckets": [r["timeline"]["buckets"] if r["timeline"] else None for r in per_rank],
         "correct": not wrong,
         "wrong_ranks": wrong,
-        "timing": {"setup_s": max(r["setup_s"] for r in per_rank), "config_wall_s": wall_s},
+        # Where a config's wall time goes besides measuring: model build, warm-up, and the rest (overhead).
+        "timing": {"setup_s": max(r["setup_s"] for r in per_rank), "warmup_s": max(r["warmup_s"] for r in per_rank),
+                   "measured_s": sum(latency), "config_wall_s": wall_s},
     }
 
 
@@ -116,7 +120,7 @@ def run_sweep(configs: list[RunConfig], out: Path, resume: bool = False, timeout
               trace_dir: Path | None = None, echo: Callable = print) -> dict:
     """Measure every training config (skipping recorded ones with `resume`); see `run_jobs`."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return _run_under_torchrun(configs, out, resume, trace_dir, echo)
+        return _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo)
 
     def trace(config, record, per_rank):
         if trace_dir is not None:
@@ -126,10 +130,17 @@ def run_sweep(configs: list[RunConfig], out: Path, resume: bool = False, timeout
                     echo=echo)
 
 
-def _run_under_torchrun(configs, out, resume, trace_dir, echo) -> dict:
-    """torchrun started this process as one rank: run each config in place; rank 0 records."""
+def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
+    """torchrun started this process as one rank: run each config in place; rank 0 records.
+
+    A failure here ends the sweep (the process group cannot be trusted after it); what was finished
+    stays recorded, and torchrun's own restart policy, or --resume, continues.
+    """
+    backends = {c.backend for c in configs}
+    if len(backends) > 1:
+        raise ValueError(f"--backend: one backend per torchrun job, got {sorted(backends)}")
     if not dist.is_initialized():
-        dist.init_process_group(configs[0].backend if configs else "gloo")
+        dist.init_process_group(backends.pop() if backends else "gloo", timeout=datetime.timedelta(seconds=timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     mismatched = [c for c in configs if c.world_size != world_size]
     if mismatched:

@@ -22,6 +22,7 @@ from torch import nn
 from ddp_core import DistributedDataParallel
 
 from .config import ConfigError, default_backend_and_device, parse_ints, validate_backend
+from .harness import rank_device
 
 IN_FEATURES, HIDDEN, CLASSES = 32, 64, 10
 
@@ -82,7 +83,7 @@ def mlp() -> nn.Module:
 def train(rank: int, world_size: int, fields: dict) -> dict:
     """On one rank: train the student; return the rank-averaged loss per iteration and held-out accuracy."""
     config = TrainConfig(**fields)
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if config.device == "cuda" else torch.device("cpu")
+    device = rank_device(rank, config.device)
     torch.manual_seed(12345)  # the teacher is the same for every config: the task must not change with n
     teacher = mlp().to(device)
     torch.manual_seed(config.seed)
