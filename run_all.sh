@@ -1,14 +1,41 @@
 #!/usr/bin/env bash
-# The main job. For now: ddp_core against PyTorch's DDP on ResNet50 and BERT-base, side by side
-# (benchmarks/ddp_core_vs_torch.py), stored under results/benchmarks/. Takes about 15 minutes on
-# 2 CPU cores. Extra arguments go to the benchmark, e.g. ./run_all.sh --models resnet-tiny --rounds 2
+# The main job: measure the paper's experiments E1-E8 on this hardware, then build the report.
+#
+#   ./run_all.sh [--profile smoke|quick|full] [--only e1_allreduce,e3_bucket_size,...] [--rerun]
+#
+# The profile defaults to the hardware: full with GPUs (NCCL and Gloo, real input sizes), quick on CPUs
+# (Gloo, world sizes 1 and 2, reduced input sizes; about 30 minutes on 2 cores). smoke uses tiny models
+# and writes to results/smoke/ instead of results/. Finished configs are kept and not measured again;
+# --rerun moves this machine's earlier records aside first. The report is results/report.md.
 set -euo pipefail
 cd "$(dirname "$0")"
+profile="" only="" rerun=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --profile) profile="${2:?--profile needs smoke, quick or full}"; shift 2 ;;
+    --only) only="${2:?--only needs a comma-separated list of experiments}"; shift 2 ;;
+    --rerun) rerun=1; shift ;;
+    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    *) echo "run_all.sh: unknown argument '$1'; allowed: --profile smoke|quick|full, --only LIST, --rerun" >&2; exit 2 ;;
+  esac
+done
+case "$profile" in
+  ""|smoke|quick|full) ;;
+  *) echo "run_all.sh: --profile '$profile' is not allowed; choose smoke, quick or full" >&2; exit 2 ;;
+esac
 source scripts/env.sh
-machine="$(uname -m)-$(nproc)cpu"
-if python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  machine="$machine-$(python -c 'import torch; print(torch.cuda.get_device_name(0).replace(" ", "_"))')"
+default_results=results
+[ "$profile" = smoke ] && default_results=results/smoke
+export DDPBENCH_RESULTS="${DDPBENCH_RESULTS:-$default_results}"
+export DDPBENCH_MACHINE="${DDPBENCH_MACHINE:-$(python -c 'from experiments.records import machine_name; print(machine_name())')}"
+out="$DDPBENCH_RESULTS/runs/$DDPBENCH_MACHINE"
+if [ "$rerun" = 1 ] && [ -d "$out" ]; then
+  mv "$out" "$out.previous-$(date +%Y%m%dT%H%M%S)"
+  echo "ddpbench: earlier records moved aside"
 fi
-out="results/benchmarks/ddp_core_vs_torch-$machine.json"
-python benchmarks/ddp_core_vs_torch.py --out "$out" "$@"
-echo "ddpbench: results in $out"
+status=0
+python -m experiments.profiles ${profile:+--profile "$profile"} ${only:+--only "$only"} --out-dir "$out" || status=$?
+[ "$status" = 2 ] && exit 2
+python -m analysis.report
+echo "ddpbench: records in $out; report in $DDPBENCH_RESULTS/report.md"
+exit "$status"

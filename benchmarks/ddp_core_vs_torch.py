@@ -1,7 +1,8 @@
 """Per-iteration latency of ddp_core against PyTorch's DDP, measured side by side in one job.
 
-Every implementation trains its own copy of the model in the same processes; rounds interleave them
-(A B C D E, then B C D E A, ...) so that drift of a shared, noisy machine hits all of them alike.
+Every implementation trains its own copy of the model in the same processes; they take turns one
+iteration at a time (A B C D E, then B C D E A, ...), so that drift of a shared, noisy machine hits all
+of them alike and neighbouring samples of one implementation are not correlated by it.
 An iteration's latency is the slowest rank's. Writes raw samples, medians and ratios (with bootstrap
 95% confidence intervals) as one JSON file.
 
@@ -88,8 +89,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,bert-base")
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--iters", type=int, default=5, help="measured iterations per implementation per round")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--iters", type=int, default=1, help="measured iterations per implementation per round")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=25)
     parser.add_argument("--image-size", type=int, default=64)

@@ -88,6 +88,9 @@ def validate(config: RunConfig, gpu_count: int | None = None) -> None:
         value = getattr(config, name)
         if value < minimum:
             raise ConfigError(f"--{_flag(name)}={value} is not allowed; it must be >= {minimum}")
+    if config.iters % config.sync_every:
+        raise ConfigError(f"--iters={config.iters} must be a multiple of --sync-every={config.sync_every}, so that "
+                          "every measured window holds whole cycles of skipped and synchronised iterations")
     if config.bucket_mb < 0:
         raise ConfigError(f"--bucket-mb={config.bucket_mb} is not allowed; it must be >= 0 (0 = one parameter per bucket)")
     if config.impl == "torch" and (config.process_groups > 1):

@@ -78,7 +78,7 @@ def load_records(path: Path | str, kind: str = "run"):
             continue
         row = {**record.get("config", {}), "status": record["status"]}
         row.update({f"{k}": v for k, v in record.items() if k not in ("config", "summary", "breakdown_s", "env")})
-        row.update({f"latency_{k}": v for k, v in (record.get("summary") or {}).items()})
+        row.update({f"summary_{k}": v for k, v in (record.get("summary") or {}).items()})
         row.update({f"{k}_s": v for k, v in (record.get("breakdown_s") or {}).items()})
         row.update({f"env_{k}": v for k, v in (record.get("env") or {}).items()})
         rows.append(row)
@@ -125,6 +125,17 @@ def environment(threads: int | None = None) -> dict:
         "threads_per_rank": threads,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def machine_name() -> str:
+    """A short name for this kind of machine, used to key stored results: arch, cores, GPU."""
+    import torch
+
+    name = f"{platform.machine()}-{os.cpu_count()}cpu"
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(0).replace("NVIDIA ", "").replace(" ", "_")
+        name += f"-{torch.cuda.device_count()}x{gpu}"
+    return name
 
 
 def _cpu_model() -> str:

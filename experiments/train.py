@@ -4,7 +4,8 @@ The task has a known solution: a fixed random "teacher" network labels random in
 the same shape learns to imitate it, so the loss can fall towards zero. Every iteration each rank draws
 a fresh batch; with sync-every n, n-1 backward passes run inside no_sync() and the n-th reduces the
 accumulated gradients, after which the optimizer steps (stepping without a reduction would let the
-replicas drift apart). The loss is recorded per iteration, averaged over the ranks.
+replicas drift apart): n iterations make one step on an n times larger batch. The loss is recorded
+per iteration, averaged over the ranks.
 """
 from __future__ import annotations
 
@@ -102,9 +103,9 @@ def train(rank: int, world_size: int, fields: dict) -> dict:
         sync = (i + 1) % config.sync_every == 0
         with contextlib.nullcontext() if sync else student.no_sync():
             loss = nn.functional.cross_entropy(student(x), y)
-            # Accumulated over n iterations, the gradient is n times one iteration's: divide to keep the
-            # step size of the average, as gradient accumulation does.
-            (loss / config.sync_every).backward()
+            # Gradients of the n iterations add up, so one step after n iterations moves about as far as
+            # n steps would (the linear-scaling rule for an n times larger batch).
+            loss.backward()
         if sync:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

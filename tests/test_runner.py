@@ -64,7 +64,7 @@ def test_records_round_trip_into_a_dataframe_and_refuse_unknown_versions(tmp_pat
     append_record(path, {**record, "config": {"model": "m", "bucket_mb": 2.0}})
     frame = load_records(path)
     assert list(frame["bucket_mb"]) == [1.0, 2.0]
-    assert list(frame["latency_p50"]) == [0.5, 0.5] and list(frame["forward_s"]) == [0.1, 0.1]
+    assert list(frame["summary_p50"]) == [0.5, 0.5] and list(frame["forward_s"]) == [0.1, 0.1]
     with open(path, "a") as f:
         f.write('{"schema_version": 1, "kind": "run", "sta')  # a torn last line
     with pytest.warns(UserWarning, match="torn last line"):

@@ -1,0 +1,133 @@
+"""What every analysis script shares: where results live, loading them, medians with spread, saving.
+
+Analysis reads only `results/` (through the package's record reader) and never imports the harness.
+Set DDPBENCH_RESULTS to read and write another results folder (the tests do).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no screen
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from experiments.records import load_records, machine_name  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ["forward", "backward", "exposed_comm", "optimizer"]
+# Experiments whose records are training iterations (kind "run"); E1 and E6 have kinds of their own.
+RUN_EXPERIMENTS = ["e2_overlap", "e3_bucket_size", "e4_scaling", "e5_skip_sync", "e7_round_robin"]
+
+
+def results_dir() -> Path:
+    """The results folder: $DDPBENCH_RESULTS, or results/ in the repository."""
+    return Path(os.environ.get("DDPBENCH_RESULTS", ROOT / "results"))
+
+
+def machine() -> str:
+    """Whose results to analyse: $DDPBENCH_MACHINE, this machine if it has results, else the newest."""
+    if os.environ.get("DDPBENCH_MACHINE"):
+        return os.environ["DDPBENCH_MACHINE"]
+    folder = results_dir() / "runs"
+    here = machine_name()
+    if (folder / here).is_dir() or not folder.is_dir():
+        return here
+    candidates = sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    return candidates[-1].name if candidates else here
+
+
+def runs(experiment: str, kind: str = "run") -> pd.DataFrame:
+    """Successful records of one experiment (results/runs/<machine>/<experiment>.jsonl); empty if none."""
+    path = results_dir() / "runs" / machine() / f"{experiment}.jsonl"
+    if not path.exists():
+        return pd.DataFrame()
+    frame = load_records(path, kind=kind)
+    if frame.empty:
+        return frame
+    return frame[frame["status"] == "ok"].reset_index(drop=True)
+
+
+def spread(samples) -> tuple[float, float, float]:
+    """Median and interquartile range (25th, 75th percentile) of raw samples."""
+    q25, q50, q75 = np.percentile(np.asarray(samples, dtype=float), [25, 50, 75])
+    return float(q50), float(q25), float(q75)
+
+
+def with_spread(frame: pd.DataFrame, column: str = "latency_s") -> pd.DataFrame:
+    """Add median, q25 and q75 columns computed from each row's raw samples in `column`."""
+    stats = frame[column].apply(spread)
+    return frame.assign(median=[s[0] for s in stats], q25=[s[1] for s in stats], q75=[s[2] for s in stats])
+
+
+def caption(frame: pd.DataFrame) -> str:
+    """Hardware and commit of the records behind a figure, for its caption."""
+    def values(column: str) -> str:
+        if column not in frame:
+            return "?"
+        return ", ".join(sorted({str(v)[:12] for v in frame[column].dropna()})) or "?"
+
+    gpu = values("env_gpu")
+    hardware = f"{values('env_cpu')} ({values('env_cpu_count')} cores)" + ("" if gpu == "?" else f", GPU {gpu}")
+    return f"{hardware}; torch {values('env_torch')}; commit {values('env_git_commit')}"
+
+
+def save(fig: plt.Figure | None, table: pd.DataFrame, name: str, note: str = "") -> Path:
+    """Write results/figures/<name>.png (if any) and results/tables/<name>.csv; returns the figure path."""
+    figures, tables = results_dir() / "figures", results_dir() / "tables"
+    figures.mkdir(parents=True, exist_ok=True)
+    tables.mkdir(parents=True, exist_ok=True)
+    table.to_csv(tables / f"{name}.csv", index=False)
+    path = figures / f"{name}.png"
+    if fig is not None:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+    if note:
+        print(f"{name}: {note}")
+    return path
+
+
+def figure(caption_text: str, ncols: int = 1, width: float = 6.0) -> tuple[plt.Figure, list]:
+    """A figure with `ncols` panels and the hardware caption underneath."""
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 4.2), squeeze=False)
+    fig.text(0.5, -0.04, caption_text, ha="center", fontsize=7, wrap=True)
+    return fig, list(axes[0])
+
+
+def line_with_band(ax, frame: pd.DataFrame, x: str, label: str, y: str = "median") -> None:
+    """Median line with an interquartile band."""
+    frame = frame.sort_values(x)
+    ax.plot(frame[x], frame[y], marker="o", label=label)
+    if "q25" in frame and y == "median":
+        ax.fill_between(frame[x], frame["q25"], frame["q75"], alpha=0.2)
+
+
+def series_label(row: pd.Series, columns: list[str]) -> str:
+    """A legend label from the config columns that vary."""
+    return ", ".join(f"{row[c]}" for c in columns)
+
+
+def latency_against(experiment: str, x: str, xlabel: str, title: str, xscale: str = "linear") -> pd.DataFrame:
+    """The shape E3, E5 and E7 share: median latency (IQR band) against one parameter, one panel per
+    model, one line per backend and world size. Returns the table it saved (empty if no records)."""
+    frame = runs(experiment)
+    if frame.empty:
+        save(None, frame, experiment, note="no records; skipped")
+        return frame
+    frame = with_spread(frame)
+    models = sorted(frame["model"].unique())
+    fig, axes = figure(caption(frame), ncols=len(models), width=5.0)
+    for ax, model in zip(axes, models):
+        for (backend, world_size), group in frame[frame["model"] == model].groupby(["backend", "world_size"]):
+            line_with_band(ax, group, x, f"{backend}, {world_size} ranks")
+        ax.set(xscale=xscale, xlabel=xlabel, ylabel="seconds per iteration (median, IQR)", title=f"{title}: {model}")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    table = frame[["model", "backend", "device", "world_size", x, "median", "q25", "q75", "summary_throughput",
+                   "correct"]].sort_values(["model", "backend", "world_size", x])
+    save(fig, table, experiment)
+    return table

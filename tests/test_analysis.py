@@ -1,0 +1,82 @@
+"""The main job end to end with tiny models (records made here, not written by hand), every analysis
+script on them, the report, and analysis on a subset of results."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ["e1_allreduce", "e2_overlap", "e3_bucket_size", "e4_scaling", "e5_skip_sync", "e6_convergence",
+               "e7_round_robin"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """./run_all.sh --profile smoke into a temporary results folder."""
+    results = tmp_path_factory.mktemp("results")
+    env = {**os.environ, "DDPBENCH_RESULTS": str(results), "DDPBENCH_MACHINE": "test-machine"}
+    done = subprocess.run(["./run_all.sh", "--profile", "smoke"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return results, done.stdout
+
+
+@pytest.mark.timeout(900)
+def test_smoke_profile_records_every_experiment(smoke):
+    results, _ = smoke
+    for name in EXPERIMENTS:
+        path = results / "runs" / "test-machine" / f"{name}.jsonl"
+        assert path.exists() and path.read_text().strip(), f"{name} recorded nothing"
+        assert '"status": "failed"' not in path.read_text(), f"{name} has a failed config"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_each_analysis_script_writes_its_figure_and_table(smoke, name):
+    results, _ = smoke
+    assert (results / "figures" / f"{name}.png").stat().st_size > 10_000
+    table = pd.read_csv(results / "tables" / f"{name}.csv")
+    assert not table.empty
+    if "median" in table:
+        assert (table["median"] > 0).all() and (table["q25"] <= table["median"]).all()
+        assert (table["median"] <= table["q75"]).all()
+
+
+@pytest.mark.timeout(900)
+def test_report_compares_with_the_paper_and_embeds_every_figure(smoke):
+    results, stdout = smoke
+    report = (results / "report.md").read_text()
+    assert "report in" in stdout
+    for name in EXPERIMENTS:
+        assert f"![{name}](figures/{name}.png)" in report
+    for finding in ("E2 overlap cuts latency", "E3 best bucket", "E4 scaling", "E5 reduce every 2", "E6 reduce every",
+                    "E7 5 round-robin groups"):
+        assert finding in report, finding
+    assert any(v in report for v in ("| holds |", "| does not hold |", "| not significant |"))
+    # E8 needs both backends; a CPU machine has only Gloo, and the report says so instead of failing.
+    assert "E8 - NCCL against Gloo" in report
+
+
+@pytest.mark.timeout(900)
+def test_analysis_runs_on_a_subset_of_results(smoke, tmp_path):
+    results, _ = smoke
+    subset = tmp_path / "runs" / "test-machine"
+    subset.mkdir(parents=True)
+    shutil.copy(results / "runs" / "test-machine" / "e3_bucket_size.jsonl", subset)
+    env = {**os.environ, "DDPBENCH_RESULTS": str(tmp_path), "DDPBENCH_MACHINE": "test-machine"}
+    done = subprocess.run(["python", "-m", "analysis.report"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "no records; skipped" in done.stdout
+    report = (tmp_path / "report.md").read_text()
+    assert "![e3_bucket_size](figures/e3_bucket_size.png)" in report
+    assert report.count("Not measured on this machine.") >= 6
+
+
+def test_analysis_scripts_are_jupytext_percent_notebooks():
+    for script in sorted((ROOT / "analysis").glob("e*.py")) + [ROOT / "analysis" / "report.py"]:
+        text = script.read_text()
+        assert text.startswith("# %% [markdown]") and "\n# %%\n" in text, script.name
