@@ -57,6 +57,14 @@ def spread(samples) -> tuple[float, float, float]:
     return float(q50), float(q25), float(q75)
 
 
+def cycle_means(samples: list[float], n: int) -> list[float]:
+    """Average latency of each cycle of n iterations (n-1 skipped synchronisations, then one): what an
+    iteration costs on average under reduce-every-n. The median of single iterations would only show
+    the cheap, unsynchronised ones."""
+    whole = len(samples) // n * n
+    return [float(np.mean(samples[i:i + n])) for i in range(0, whole, n)]
+
+
 def with_spread(frame: pd.DataFrame, column: str = "latency_s") -> pd.DataFrame:
     """Add median, q25 and q75 columns computed from each row's raw samples in `column`."""
     stats = frame[column].apply(spread)
@@ -110,20 +118,25 @@ def series_label(row: pd.Series, columns: list[str]) -> str:
     return ", ".join(f"{row[c]}" for c in columns)
 
 
-def latency_against(experiment: str, x: str, xlabel: str, title: str, xscale: str = "linear") -> pd.DataFrame:
+def latency_against(experiment: str, x: str, xlabel: str, title: str, xscale: str = "linear",
+                    per_cycle: bool = False) -> pd.DataFrame:
     """The shape E3, E5 and E7 share: median latency (IQR band) against one parameter, one panel per
-    model, one line per backend and world size. Returns the table it saved (empty if no records)."""
+    model, one line per backend and world size; `per_cycle` uses cycle_means (E5). Returns the table
+    it saved (empty if no records)."""
     frame = runs(experiment)
     if frame.empty:
         save(None, frame, experiment, note="no records; skipped")
         return frame
+    if per_cycle:
+        frame = frame.assign(latency_s=[cycle_means(s, n) for s, n in zip(frame["latency_s"], frame["sync_every"])])
     frame = with_spread(frame)
     models = sorted(frame["model"].unique())
     fig, axes = figure(caption(frame), ncols=len(models), width=5.0)
     for ax, model in zip(axes, models):
         for (backend, world_size), group in frame[frame["model"] == model].groupby(["backend", "world_size"]):
             line_with_band(ax, group, x, f"{backend}, {world_size} ranks")
-        ax.set(xscale=xscale, xlabel=xlabel, ylabel="seconds per iteration (median, IQR)", title=f"{title}: {model}")
+        ylabel = "mean seconds per iteration per cycle (median, IQR)" if per_cycle else "seconds per iteration (median, IQR)"
+        ax.set(xscale=xscale, xlabel=xlabel, ylabel=ylabel, title=f"{title}: {model}")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)

@@ -122,7 +122,7 @@ def main() -> None:
         print(f"{model}: " + ", ".join(f"{n} {m:.3f} s" for n, m in medians.items()))
         for key, r in ratios.items():
             goal = f" (goal <= {r['goal']:.2f})" if r["goal"] else ""
-            print(f"  {key}: {r['ratio']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]{goal}")
+            print(f"  {key}: {r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]{goal}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")

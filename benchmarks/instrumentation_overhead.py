@@ -77,7 +77,7 @@ def main() -> None:
     ratio = ratio_of_medians(samples["instrumented"], samples["plain"])
     medians = {k: statistics.median(v) for k, v in samples.items()}
     print(f"{args.model}: plain {medians['plain']:.4f} s, instrumented {medians['instrumented']:.4f} s, "
-          f"ratio {ratio['ratio']:.4f} [{ratio['ci95'][0]:.4f}, {ratio['ci95'][1]:.4f}] (goal <= 1.01)")
+          f"ratio {ratio['ratio']:.4f} [{ratio['ci'][0]:.4f}, {ratio['ci'][1]:.4f}] (goal <= 1.01)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": dataclasses.asdict(config), "rounds": args.rounds, "iters": args.iters,
                                     "samples_s": samples, "median_s": medians, "ratio": ratio,

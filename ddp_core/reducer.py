@@ -21,7 +21,7 @@ from .grad_bucket import GradBucket
 
 
 class ReducerObserver(Protocol):
-    """What a timing observer is told; every call happens on the thread that runs backward."""
+    """What a timing observer is told, from autograd's threads, during backward."""
 
     def bucket_launched(self, index: int, future: torch.futures.Future) -> None:
         """Bucket `index` was handed to its hook; `future` completes with the reduced bucket."""

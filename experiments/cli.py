@@ -1,4 +1,4 @@
-"""`ddpbench` (also `python -m experiments`): run, allreduce, train.
+"""`ddpbench` (also `python -m experiments`): run, allreduce, train, compare, ab.
 
 Every input is checked before any process starts; a bad one exits with status 2, names the
 parameter, the value and what is allowed, and writes nothing.
@@ -33,12 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(run)
     run.add_argument("--trace", type=Path, metavar="DIR", help="write a Chrome/Perfetto trace per config here")
 
-    from . import allreduce, train  # small modules; imported here to keep one parser in one place
+    from . import ab, allreduce, compare, train  # small modules; imported here to keep one parser in one place
 
     allreduce.add_arguments(sub.add_parser("allreduce", help="all-reduce microbenchmarks (E1 and a size sweep)"))
     train.add_arguments(sub.add_parser("train", help="training loss per iteration for sync-every n (E6)"))
     for name in ("allreduce", "train"):
         _add_common(sub.choices[name])
+    compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
+    ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
     return parser
 
 
@@ -86,6 +88,10 @@ def check_positive(name: str, value: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (0 ok, 1 some config failed, 2 bad input, 130 Ctrl-C)."""
     args = build_parser().parse_args(argv)
+    if args.command in ("compare", "ab"):
+        from . import ab, compare
+
+        return (compare if args.command == "compare" else ab).main(args)
     try:
         check_positive("timeout", args.timeout)
         check_output(args.out)

@@ -64,7 +64,8 @@ def commands(profile: str, gpus: int) -> dict[str, list[str]]:
         "e3_bucket_size": ["run", *common, "--world-size", widest, "--bucket-mb", caps],
         "e4_scaling": ["run", *common, "--world-size", world_sizes],
         "e5_skip_sync": ["run", *common, "--world-size", widest, "--sync-every", "1,2,4,8",
-                         *(["--iters", "24"] if profile != "smoke" else ["--iters", "8"])],
+                         # whole cycles of n: the analysis averages each cycle of n iterations
+                         *(["--iters", "40"] if profile != "smoke" else ["--iters", "16"])],
         "e6_convergence": ["train", "--backend", backends.split(",")[-1], "--device", device, "--world-size", widest,
                            "--sync-every", "1,2,4,8", *train],
         "e7_round_robin": ["run", *common, "--world-size", widest, "--process-groups", "1,3,5"],

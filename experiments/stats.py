@@ -26,4 +26,5 @@ def ratio_of_medians(numerator: list[float], denominator: list[float], confidenc
         vectorized=False, paired=False, n_resamples=2000, confidence_level=confidence, method="percentile",
         random_state=0,
     ).confidence_interval
-    return {"ratio": statistics.median(numerator) / statistics.median(denominator), "ci95": [float(ci.low), float(ci.high)]}
+    return {"ratio": statistics.median(numerator) / statistics.median(denominator),
+            "ci": [float(ci.low), float(ci.high)], "confidence": confidence}
