@@ -174,13 +174,13 @@ class Reducer:
             view.zero_()
         elif param.grad.data_ptr() != view.data_ptr():
             if divide:
-                torch.div(param.grad, self.world_size, out=view)
+                torch.mul(param.grad, 1.0 / self.world_size, out=view)  # bit-equal to PyTorch's reducer
             else:
                 view.copy_(param.grad)
             if self.gradient_as_bucket_view:
                 param.grad = view
         elif divide:
-            view.div_(self.world_size)
+            view.mul_(1.0 / self.world_size)
         bucket.pending -= 1
         if bucket.pending == 0 and self.overlap:
             self._launch_complete_buckets()

@@ -146,7 +146,8 @@ def _alive(pid: int) -> bool:
 @pytest.mark.timeout(300)
 def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path):
     out = tmp_path / "r.jsonl"
-    argv = [sys.executable, "-m", "experiments", "run", *TINY, "--iters", "40", "--bucket-mb", "0,1,2,3,25",
+    # Long enough configs (several seconds each) that the interrupt surely lands mid-sweep.
+    argv = [sys.executable, "-m", "experiments", "run", *TINY, "--iters", "150", "--bucket-mb", "0,1,2,3,25",
             "--out", str(out)]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Every GPU check and measurement in one call, for a lent GPU machine (issue 6); meant to end within
+# 8 minutes on one H200. It uses that machine's own python3 (which has torch, transformers, pandas,
+# scipy and pytest) rather than scripts/env.sh, since nothing can be installed there.
+#
+#   OUT=/some/folder scripts/gpu_check.sh      # writes gpu.log, runs.jsonl, allreduce.jsonl, summary.txt
+#
+# Each step has its own time limit; a failed step is reported and the others still run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-results/gpu}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
+py="${PYTHON:-python3}"
+log="$out/gpu.log"
+: >"$out/summary.txt"
+
+step() {  # step NAME LIMIT_SECONDS COMMAND...
+  local name=$1 limit=$2 start status
+  shift 2
+  start=$(date +%s)
+  echo "== $name: $*" >>"$log"
+  timeout "$limit" "$@" >>"$log" 2>&1
+  status=$?
+  printf '%-28s exit %3d  %4d s\n' "$name" "$status" "$(($(date +%s) - start))" | tee -a "$out/summary.txt"
+}
+
+run() { "$py" -m experiments run --device cuda --out "$out/runs.jsonl" --timeout 150 "$@"; }
+
+nvidia-smi -L >>"$log" 2>&1
+"$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' >>"$log" 2>&1
+step gpu_tests 150 "$py" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+# ddp_core against PyTorch's DDP: NCCL at world size 1, and Gloo on CUDA tensors at world size 2 (one GPU)
+step resnet50_nccl_ws1 90 run --backend nccl --world-size 1 --model resnet50 --impl ddp_core,ddp_core_no_overlap,torch \
+  --image-size 224 --batch-size 32 --iters 20 --warmup 5
+step bert_nccl_ws1 90 run --backend nccl --world-size 1 --model bert-base --impl ddp_core,ddp_core_no_overlap,torch \
+  --seq-len 128 --batch-size 16 --iters 20 --warmup 5
+step gloo_cuda_ws2 120 run --backend gloo --world-size 2 --model resnet50,bert-base --impl ddp_core,torch \
+  --image-size 224 --seq-len 128 --batch-size 16 --iters 10 --warmup 3
+# all-reduce microbenchmarks at the sizes a communication model is fitted to
+step allreduce_nccl 60 "$py" -m experiments allreduce --backend nccl --device cuda --world-size 1 \
+  --per-call 1000000,10000000,60000000 --reps 5 --out "$out/allreduce.jsonl"
+step allreduce_gloo_cuda 90 "$py" -m experiments allreduce --backend gloo --device cuda --world-size 2 \
+  --per-call 100000,1000000,10000000,60000000 --reps 3 --out "$out/allreduce.jsonl"
+
+"$py" - "$out" <<'PY' | tee -a "$out/summary.txt"
+import sys
+from pathlib import Path
+from experiments.records import read_records
+out = Path(sys.argv[1])
+for name in ("runs.jsonl", "allreduce.jsonl"):
+    path = out / name
+    if not path.exists():
+        print(f"{name}: no records")
+        continue
+    for r in read_records(path):
+        c = r["config"]
+        if r["status"] != "ok":
+            print(f"FAILED {c}: {r['error'].splitlines()[-1]}")
+        elif r["kind"] == "run":
+            b = r["breakdown_s"]
+            comm = "-" if b["exposed_comm"] is None else f"{b['exposed_comm'] * 1e3:.1f}"
+            print(f"{c['model']:10} {c['impl']:20} {c['backend']:5} ws{c['world_size']} "
+                  f"p50 {r['summary']['p50'] * 1e3:8.2f} ms  fwd {b['forward'] * 1e3:.1f} bwd {b['backward'] * 1e3:.1f} "
+                  f"comm {comm} opt {b['optimizer'] * 1e3:.1f}  correct={r['correct']}")
+        else:
+            s = r["summary"]
+            print(f"allreduce {c['backend']:5} ws{c['world_size']} {c['mode']:11} {c['elements']:>9} el/call "
+                  f"p50 {s['p50']*1e3:9.3f} ms busbw {s['busbw_GBps']:7.2f} GB/s wrong={r['wrong']}")
+PY
