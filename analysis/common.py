@@ -57,6 +57,16 @@ def spread(samples) -> tuple[float, float, float]:
     return float(q50), float(q25), float(q75)
 
 
+def measured(experiment: str, kind: str = "run") -> pd.DataFrame | None:
+    """An experiment's records with median and IQR columns, or None (noted, with an empty table) if
+    this machine has none: every script works on whatever subset of results exists."""
+    frame = runs(experiment, kind=kind)
+    if frame.empty:
+        save(None, frame, experiment, note="no records; skipped")
+        return None
+    return with_spread(frame)
+
+
 def cycle_means(samples: list[float], n: int) -> list[float]:
     """Average latency of each cycle of n iterations (n-1 skipped synchronisations, then one): what an
     iteration costs on average under reduce-every-n. The median of single iterations would only show
@@ -124,11 +134,11 @@ def latency_against(experiment: str, x: str, xlabel: str, title: str, xscale: st
     model, one line per backend and world size; `per_cycle` uses cycle_means (E5). Returns the table
     it saved (empty if no records)."""
     frame = runs(experiment)
+    if per_cycle and not frame.empty:
+        frame = frame.assign(latency_s=[cycle_means(s, n) for s, n in zip(frame["latency_s"], frame["sync_every"])])
     if frame.empty:
         save(None, frame, experiment, note="no records; skipped")
         return frame
-    if per_cycle:
-        frame = frame.assign(latency_s=[cycle_means(s, n) for s, n in zip(frame["latency_s"], frame["sync_every"])])
     frame = with_spread(frame)
     models = sorted(frame["model"].unique())
     fig, axes = figure(caption(frame), ncols=len(models), width=5.0)

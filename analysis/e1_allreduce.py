@@ -5,16 +5,14 @@
 # shows the size sweep's bus bandwidth, `algbw * 2(n-1)/n`.
 
 # %%
-from analysis.common import caption, figure, line_with_band, runs, save, with_spread
+from analysis.common import caption, figure, line_with_band, measured, save
 
 
 def main() -> None:
     """Plot E1 and the size sweep from results/runs/<machine>/e1_allreduce.jsonl."""
-    frame = runs("e1_allreduce", kind="allreduce")
-    if frame.empty:
-        save(None, frame, "e1_allreduce", note="no all-reduce records; skipped")
+    frame = measured("e1_allreduce", kind="allreduce")
+    if frame is None:
         return
-    frame = with_spread(frame)
     fig, (left, right) = figure(caption(frame), ncols=2)
     table = []
     for (backend, world_size), group in frame.groupby(["backend", "world_size"]):

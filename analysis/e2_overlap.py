@@ -8,7 +8,7 @@
 import numpy as np
 import pandas as pd
 
-from analysis.common import PHASES, caption, figure, runs, save, with_spread
+from analysis.common import PHASES, caption, figure, measured, save
 
 PAPER_SAVING = {("resnet50", "nccl"): 38.0, ("bert-base", "nccl"): 35.2,
                 ("resnet50", "gloo"): 26.8, ("bert-base", "gloo"): 21.5}
@@ -34,11 +34,9 @@ def overlap_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def main() -> None:
     """Plot E2 from results/runs/<machine>/e2_overlap.jsonl."""
-    frame = runs("e2_overlap")
-    if frame.empty:
-        save(None, frame, "e2_overlap", note="no records; skipped")
+    frame = measured("e2_overlap")
+    if frame is None:
         return
-    frame = with_spread(frame)
     table = overlap_table(frame)
     fig, (ax,) = figure(caption(frame), width=max(6.0, 1.6 * len(frame)))
     labels, bottoms = [], np.zeros(len(frame))

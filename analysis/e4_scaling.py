@@ -6,16 +6,14 @@
 # %%
 import pandas as pd
 
-from analysis.common import caption, figure, line_with_band, runs, save, with_spread
+from analysis.common import caption, figure, line_with_band, measured, save
 
 
 def main() -> None:
     """Plot E4 from results/runs/<machine>/e4_scaling.jsonl."""
-    frame = runs("e4_scaling")
-    if frame.empty:
-        save(None, frame, "e4_scaling", note="no records; skipped")
+    frame = measured("e4_scaling")
+    if frame is None:
         return
-    frame = with_spread(frame)
     fig, (left, right) = figure(caption(frame), ncols=2)
     tables = []
     for (model, backend), group in frame.groupby(["model", "backend"]):

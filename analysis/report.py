@@ -41,6 +41,13 @@ def verdict(ratio: dict, paper_side_below_one: bool = True) -> str:
     return "holds" if low > 1 else "does not hold" if high < 1 else "not significant"
 
 
+def compare_samples(numerator: list[float], denominator: list[float]) -> dict | None:
+    """ratio_of_medians, or None when either side has fewer than two samples (no interval possible)."""
+    if len(numerator) < 2 or len(denominator) < 2:
+        return None
+    return ratio_of_medians(numerator, denominator)
+
+
 def fmt_ratio(ratio: dict) -> str:
     """A ratio with its confidence interval, as text."""
     return f"{ratio['ratio']:.3f} [{ratio['ci'][0]:.3f}, {ratio['ci'][1]:.3f}]"
@@ -107,8 +114,10 @@ def findings() -> list[dict]:
         for n in sorted(set(group["sync_every"]) - {1}):
             if base.empty:
                 break
-            r = ratio_of_medians(cycle_means(group[group["sync_every"] == n].iloc[0]["latency_s"], n),
-                                 base.iloc[0]["latency_s"])
+            r = compare_samples(cycle_means(group[group["sync_every"] == n].iloc[0]["latency_s"], n),
+                                base.iloc[0]["latency_s"])
+            if r is None:
+                continue
             paper = {2: "15%", 4: "25%", 8: "38%"}.get(n, "-")
             out.append({"finding": f"E5 reduce every {n} lowers latency ({model}, {backend}, {ws} ranks)",
                         "paper": f"{paper} (256 GPUs, approx.)", "here": f"{100 * (1 - r['ratio']):.1f}% (mean per cycle of {n} / every iteration "
