@@ -123,11 +123,6 @@ def line_with_band(ax, frame: pd.DataFrame, x: str, label: str, y: str = "median
         ax.fill_between(frame[x], frame["q25"], frame["q75"], alpha=0.2)
 
 
-def series_label(row: pd.Series, columns: list[str]) -> str:
-    """A legend label from the config columns that vary."""
-    return ", ".join(f"{row[c]}" for c in columns)
-
-
 def latency_against(experiment: str, x: str, xlabel: str, title: str, xscale: str = "linear",
                     per_cycle: bool = False) -> pd.DataFrame:
     """The shape E3, E5 and E7 share: median latency (IQR band) against one parameter, one panel per

@@ -75,7 +75,8 @@ class Reducer:
         # Used-parameter bitmap: kept across no_sync() iterations, reset after each synchronisation.
         self._locally_used = [False] * len(params)
         self._next_bucket = 0
-        self._handles = [p.register_post_accumulate_grad_hook(self._hook_for(i)) for i, p in enumerate(params)]
+        for i, p in enumerate(params):
+            p.register_post_accumulate_grad_hook(self._hook_for(i))
 
     # --- bucket layout ---
 
@@ -98,10 +99,6 @@ class Reducer:
                         if p.grad is not None:
                             view.copy_(p.grad)
                             p.grad = view
-
-    def bucket_sizes(self) -> list[list[int]]:
-        """Parameter indices per bucket, in launch order (for tests, logs and the performance model)."""
-        return [list(b.param_indices) for b in self.buckets]
 
     def maybe_rebuild_buckets(self) -> None:
         """After the first synchronised iteration, re-bucket in the order gradients really arrived.
@@ -245,9 +242,3 @@ class Reducer:
                         param.grad = view.clone()
                     else:
                         param.grad.copy_(view)
-
-    def remove_hooks(self) -> None:
-        """Detach the reducer from the parameters (the module then trains locally again)."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
