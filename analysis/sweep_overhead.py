@@ -2,7 +2,9 @@
 # # Where the main job's time goes
 # For every measured config: measured iterations, warm-up, building the model and its DDP wrapper, and
 # the rest (starting rank processes for the first config of each world size, sending work and results
-# between processes, checking replicas). The rest is the runner's own overhead.
+# between processes, checking replicas). The rest is the runner's own overhead. Model build and warm-up
+# are the slowest rank's, and measured time sums the slowest rank per iteration, so the rest is an
+# estimate that can come out slightly below zero for a config.
 
 # %%
 import pandas as pd

@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ddp_core import DistributedDataParallel  # noqa: E402
+from experiments.harness import slowest_per_iteration  # noqa: E402
 from experiments.launch import run_ranks  # noqa: E402
 from experiments.records import environment  # noqa: E402
 from experiments.stats import ratio_of_medians  # noqa: E402
@@ -77,10 +78,7 @@ def measure(rank: int, world_size: int, args: argparse.Namespace) -> dict:
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             dist.barrier()  # start each block together, so no rank's wait is counted as DDP time
-            local = [step(name) for _ in range(args.iters)]
-            gathered: list = [None] * world_size
-            dist.all_gather_object(gathered, local)
-            samples[name].extend(max(per_rank) for per_rank in zip(*gathered))
+            samples[name].extend(slowest_per_iteration([step(name) for _ in range(args.iters)]))
     return samples
 
 

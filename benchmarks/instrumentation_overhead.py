@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.config import RunConfig, validate  # noqa: E402
-from experiments.harness import BucketTimes, Clock, build, train_step  # noqa: E402
+from experiments.harness import BucketTimes, Clock, build, slowest_per_iteration, train_step  # noqa: E402
 from experiments.launch import run_ranks  # noqa: E402
 from experiments.records import environment  # noqa: E402
 from experiments.stats import ratio_of_medians  # noqa: E402
@@ -51,9 +51,7 @@ def alternate(rank: int, world_size: int, fields: dict, rounds: int, iters: int)
                     clock.start()
                     train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark)
                     local.append(clock.seconds()["optimizer"])
-            gathered: list = [None] * world_size
-            dist.all_gather_object(gathered, local)
-            samples[kind].extend(max(per_rank) for per_rank in zip(*gathered))
+            samples[kind].extend(slowest_per_iteration(local))
     return samples
 
 

@@ -88,32 +88,25 @@ def check_positive(name: str, value: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (0 ok, 1 some config failed, 2 bad input, 130 Ctrl-C)."""
     args = build_parser().parse_args(argv)
-    if args.command in ("compare", "ab"):
-        from . import ab, compare
+    from . import ab, allreduce, compare, train
+    from .sweep import run_sweep
 
+    if args.command in ("compare", "ab"):
         return (compare if args.command == "compare" else ab).main(args)
     try:
         check_positive("timeout", args.timeout)
         check_output(args.out)
-        if args.command == "run":
-            jobs = resolve_run_configs(args)
-        else:
-            from . import allreduce, train
-
-            jobs = (allreduce if args.command == "allreduce" else train).resolve(args)
+        mode = {"allreduce": allreduce, "train": train}.get(args.command)
+        jobs = resolve_run_configs(args) if mode is None else mode.resolve(args)
     except ConfigError as error:
         print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     args.out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        if args.command == "run":
-            from .sweep import run_sweep
-
+        if mode is None:
             counts = run_sweep(jobs, args.out, resume=args.resume, timeout=args.timeout, trace_dir=args.trace)
         else:
-            from . import allreduce, train
-
-            counts = (allreduce if args.command == "allreduce" else train).run(jobs, args)
+            counts = mode.run(jobs, args)
     except KeyboardInterrupt:
         print(f"\nddpbench: interrupted; finished configs are in {args.out}; add --resume to continue",
               file=sys.stderr)

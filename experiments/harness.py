@@ -151,6 +151,13 @@ def build(rank: int, config: RunConfig) -> Trainee:
     return Trainee(device, family, model, ddp, optimizer, batch)
 
 
+def slowest_per_iteration(local: list[float]) -> list[float]:
+    """Gather every rank's per-iteration seconds; an iteration takes as long as its slowest rank."""
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return [max(per_rank) for per_rank in zip(*gathered)]
+
+
 def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     """Run one config on this rank: warm-up, then measured iterations; returns raw per-iteration times."""
     config = RunConfig(**config_fields)

@@ -76,7 +76,3 @@ def test_gloo_on_cuda_tensors_two_ranks_matches_torch_ddp():
     # Both ranks may share one GPU: Gloo, unlike NCCL, allows that.
     _check(run_ranks(cuda_gradients_match, 2, args=(True,), backend="gloo", timeout=240))
 
-
-def test_nccl_rejects_cpu_modules():
-    with pytest.raises(ValueError, match="nccl.*CUDA"):
-        ddp_core.check_backend("nccl", "cpu")
