@@ -208,13 +208,19 @@ def test_two_torchrun_agents_record_what_the_built_in_launcher_records(tmp_path)
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
              "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+             # Both agents are on one host: say which one hosts the rendezvous store, or they may race.
+             "--rdzv-conf", f"is_host={int(node == 0)}",
              "--rdzv-id", "ddpbench-test", "--max-restarts", "0",
              "-m", "experiments", *sweep, "--out", str(out)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for node in range(2)
     ]
-    logs = [a.communicate(timeout=240)[0] for a in agents]
+    try:
+        logs = [a.communicate(timeout=240)[0] for a in agents]
+    finally:
+        for agent in agents:  # never leave an agent behind, even after a timeout
+            agent.kill()
     assert all(a.returncode == 0 for a in agents), "\n".join(logs)
     expected, got = read_records(builtin), read_records(out)
     assert [r["config"] for r in got] == [r["config"] for r in expected]
