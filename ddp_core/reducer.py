@@ -23,6 +23,9 @@ from .grad_bucket import GradBucket
 class ReducerObserver(Protocol):
     """What a timing observer is told, from autograd's threads, during backward."""
 
+    def parameter_ready(self, index: int) -> None:
+        """Parameter `index`'s gradient is in its bucket (the performance model's profile uses this)."""
+
     def bucket_launched(self, index: int, future: torch.futures.Future) -> None:
         """Bucket `index` was handed to its hook; `future` completes with the reduced bucket."""
 
@@ -178,6 +181,8 @@ class Reducer:
                 param.grad = view
         elif divide:
             view.mul_(1.0 / self.world_size)
+        if self.observer is not None:
+            self.observer.parameter_ready(index)
         bucket.pending -= 1
         if bucket.pending == 0 and self.overlap:
             self._launch_complete_buckets()

@@ -66,6 +66,9 @@ class BucketTimes:
         self.clock = clock
         self.buckets: dict[int, list[float]] = {}
 
+    def parameter_ready(self, index: int) -> None:
+        """Not needed per iteration here (see perfmodel.profile)."""
+
     def bucket_launched(self, index: int, future: torch.futures.Future) -> None:
         """Record the launch time and, when the all-reduce completes, its completion time."""
         self.buckets[index] = [time.perf_counter(), None]
