@@ -1,4 +1,4 @@
-"""`ddpbench` (also `python -m experiments`): run, allreduce, train, compare, ab.
+"""`ddpbench` (also `python -m experiments`): run, allreduce, train, compare, ab, profile, predict, tune-bucket.
 
 Every input is checked before any process starts; a bad one exits with status 2, names the
 parameter, the value and what is allowed, and writes nothing.
@@ -37,8 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     allreduce.add_arguments(sub.add_parser("allreduce", help="all-reduce microbenchmarks (E1 and a size sweep)"))
     train.add_arguments(sub.add_parser("train", help="training loss per iteration for sync-every n (E6)"))
-    for name in ("allreduce", "train"):
+    from .perfmodel import commands as perfmodel
+
+    perfmodel.add_profile_arguments(sub.add_parser("profile", help="one-process profile for the performance model"))
+    for name in ("allreduce", "train", "profile"):
         _add_common(sub.choices[name])
+    perfmodel.add_model_arguments(sub.add_parser("predict", help="predict DDP latency from a profile (model)"), False)
+    perfmodel.add_model_arguments(sub.add_parser("tune-bucket", help="recommend a bucket cap (model)"), True)
     compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
     ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
     return parser
@@ -89,14 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (0 ok, 1 some config failed, 2 bad input, 130 Ctrl-C)."""
     args = build_parser().parse_args(argv)
     from . import ab, allreduce, compare, train
+    from .perfmodel import commands as perfmodel
     from .sweep import run_sweep
 
+    if args.command in ("predict", "tune-bucket"):
+        return perfmodel.main(args)
     if args.command in ("compare", "ab"):
         return (compare if args.command == "compare" else ab).main(args)
     try:
         check_positive("timeout", args.timeout)
         check_output(args.out)
-        mode = {"allreduce": allreduce, "train": train}.get(args.command)
+        mode = {"allreduce": allreduce, "train": train, "profile": perfmodel}.get(args.command)
         jobs = resolve_run_configs(args) if mode is None else mode.resolve(args)
     except ConfigError as error:
         print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)

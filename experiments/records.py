@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 SCHEMA_VERSION = 1
-KINDS = ("run", "allreduce", "train")
+KINDS = ("run", "allreduce", "train", "profile")
 
 
 class SchemaError(ValueError):

@@ -1,0 +1,148 @@
+"""How long an all-reduce takes: a ring model fitted to this machine, or a named cluster preset.
+
+The ring all-reduce of n bytes over p ranks costs `2(p-1)·alpha + 2((p-1)/p)·n·beta`: 2(p-1) steps,
+each paying a latency alpha, and every rank sending and receiving 2(p-1)/p of the data at 1/beta
+bytes per second (nccl-tests calls 1/beta the bus bandwidth). `fit` finds alpha and beta from the
+all-reduce microbenchmark's records; a cluster preset states them per link, inside a server and
+between servers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+
+@dataclass(frozen=True)
+class Link:
+    """One level of a network: latency per ring step (s) and bus bandwidth (bytes/s)."""
+
+    alpha: float
+    busbw: float
+
+    def allreduce(self, nbytes: float, ranks: int) -> float:
+        """Ring all-reduce seconds for `nbytes` over `ranks`."""
+        if ranks <= 1:
+            return 0.0
+        return 2 * (ranks - 1) * self.alpha + 2 * (ranks - 1) / ranks * nbytes / self.busbw
+
+    def broadcast(self, nbytes: float, ranks: int) -> float:
+        """Pipelined ring broadcast seconds (used for buffers before each forward)."""
+        return 0.0 if ranks <= 1 or nbytes == 0 else (ranks - 1) * self.alpha + nbytes / self.busbw
+
+
+@dataclass(frozen=True)
+class CommModel:
+    """Collective costs on a machine or a cluster of servers with `per_server` ranks each.
+
+    `shares_cores`: communication runs on the cores that compute (Gloo on a CPU): the two cannot
+    overlap, whatever the schedule; on GPUs communication has its own engines and streams.
+    """
+
+    name: str
+    intra: Link
+    inter: Link | None = None  # None: every rank is on one machine
+    per_server: int = 0
+    shares_cores: bool = False
+    source: str = ""
+
+    def link(self, ranks: int) -> Link:
+        """The link that bounds a ring over `ranks`: the slowest level the ring crosses."""
+        if self.inter is None or ranks <= self.per_server:
+            return self.intra
+        return Link(alpha=max(self.intra.alpha, self.inter.alpha), busbw=min(self.intra.busbw, self.inter.busbw))
+
+    def allreduce(self, nbytes: float, ranks: int) -> float:
+        """Seconds to all-reduce `nbytes` over `ranks`."""
+        return self.link(ranks).allreduce(nbytes, ranks)
+
+    def latency(self, ranks: int) -> float:
+        """The part of an all-reduce that does not depend on its size."""
+        return self.link(ranks).allreduce(0, ranks)
+
+    def broadcast(self, nbytes: float, ranks: int) -> float:
+        """Seconds to broadcast `nbytes` from one rank to `ranks`."""
+        return self.link(ranks).broadcast(nbytes, ranks)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted model and how well it reproduces the records it was fitted to."""
+
+    model: CommModel
+    rows: list[dict]  # per record: bytes, calls, ranks, measured and predicted seconds, relative error
+    median_error: float
+    worst_error: float
+
+
+def fit(records: list[dict], backend: str, device: str) -> Fit:
+    """Fit alpha and beta to all-reduce records (both modes) of one backend and device.
+
+    Each record is a number of calls of equal size, launched back to back and waited for together:
+    its time is modelled as `calls · 2(p-1)·alpha + calls · 2((p-1)/p)·bytes_per_call·beta`. The
+    least-squares fit weighs every record by 1/time, i.e. minimises relative errors, so that the
+    small messages (latency-bound) count as much as the large ones; alpha and beta are kept >= 0.
+    """
+    rows = []
+    for r in records:
+        c = r["config"]
+        if (r.get("kind") != "allreduce" or r["status"] != "ok" or c["backend"] != backend or c["device"] != device
+                or c["world_size"] < 2):
+            continue
+        p, calls = c["world_size"], math.ceil(c["total_elements"] / c["elements"])
+        rows.append({"bytes_per_call": c["elements"] * 4, "calls": calls, "ranks": p, "mode": c["mode"],
+                     "measured_s": float(np.median(r["latency_s"]))})
+    if len(rows) < 2:
+        raise ValueError(f"need at least 2 all-reduce records for backend={backend!r} device={device!r} at world "
+                         f"size >= 2, found {len(rows)}; run `ddpbench allreduce` first")
+    design = np.array([[row["calls"] * 2 * (row["ranks"] - 1),
+                        row["calls"] * 2 * (row["ranks"] - 1) / row["ranks"] * row["bytes_per_call"]] for row in rows])
+    measured = np.array([row["measured_s"] for row in rows])
+    (alpha, beta), _ = nnls(design / measured[:, None], np.ones(len(rows)))
+    predicted = design @ np.array([alpha, beta])
+    for row, pred in zip(rows, predicted):
+        row["predicted_s"] = float(pred)
+        row["error"] = float(pred / row["measured_s"] - 1)
+    errors = np.abs([row["error"] for row in rows])
+    busbw = 1 / beta if beta > 0 else math.inf
+    model = CommModel(name=f"{backend}-{device} (fitted)", intra=Link(alpha=float(alpha), busbw=float(busbw)),
+                      shares_cores=device == "cpu",
+                      source=f"fitted to {len(rows)} all-reduce records; median |error| {np.median(errors):.0%}")
+    return Fit(model, rows, float(np.median(errors)), float(errors.max()))
+
+
+GB = 1e9
+# Achievable bus bandwidth is below the wire rate: NCCL's maintainer puts the protocol overhead on
+# NVLink at about 20% (NVIDIA/nccl-tests issue 212); we apply the same 0.8 to NVLink, 0.9 to InfiniBand.
+NVLINK_EFFICIENCY, IB_EFFICIENCY = 0.8, 0.9
+
+PRESETS: dict[str, CommModel] = {
+    "paper-v100-nccl": CommModel(
+        name="paper-v100-nccl", per_server=8,
+        intra=Link(alpha=5e-6, busbw=NVLINK_EFFICIENCY * 150 * GB),
+        inter=Link(alpha=10e-6, busbw=IB_EFFICIENCY * 12.5 * GB),
+        source="the paper's testbed: 8 V100 per server, NVLink 2.0 (6 links x 25 GB/s per direction = 150 GB/s, "
+               "V100 datasheet), 100 Gb/s = 12.5 GB/s between servers (one NIC per server; paper.md, approx.); "
+               "alpha 5 us inside a server and 10 us across (an assumption of NCCL's per-step latency); ring only"),
+    "paper-v100-gloo": CommModel(
+        name="paper-v100-gloo", per_server=8,
+        intra=Link(alpha=20e-6, busbw=5 * GB),
+        inter=Link(alpha=50e-6, busbw=2.5 * GB),
+        source="the paper's testbed with Gloo: GPU tensors staged through host memory and TCP; 5 GB/s and 20 us "
+               "per step inside a server, 2.5 GB/s and 50 us across (about one TCP stream per rank pair on "
+               "100 Gb/s) are assumptions, not measurements - fit your own with `ddpbench allreduce --backend gloo`"),
+    "h100-400g-nccl": CommModel(
+        name="h100-400g-nccl", per_server=8,
+        intra=Link(alpha=3e-6, busbw=NVLINK_EFFICIENCY * 450 * GB),
+        inter=Link(alpha=8e-6, busbw=IB_EFFICIENCY * 50 * GB),
+        source="8 H100/H200 per server, NVLink 4 (18 links, 900 GB/s both directions = 450 GB/s per direction), "
+               "400 Gb/s = 50 GB/s between servers (one link per server, as the issue states it); alphas assumed"),
+    "dgx-h100-nccl": CommModel(
+        name="dgx-h100-nccl", per_server=8,
+        intra=Link(alpha=3e-6, busbw=NVLINK_EFFICIENCY * 450 * GB),
+        inter=Link(alpha=8e-6, busbw=IB_EFFICIENCY * 8 * 50 * GB),
+        source="DGX H100/H200 reference design: NVLink 4 inside (450 GB/s per direction), and eight 400 Gb/s "
+               "ConnectX-7 ports per server, one per GPU (DGX H100 user guide), used by parallel rings; alphas assumed"),
+}

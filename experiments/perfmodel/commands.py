@@ -1,0 +1,214 @@
+"""`ddpbench profile | predict | tune-bucket`, and `validate`, which the analysis scripts call.
+
+    ddpbench profile --model resnet50,bert-base --image-size 32 --seq-len 16 --batch-size 2 --out P.jsonl
+    ddpbench predict --profile P.jsonl --model resnet50 --cluster paper-v100-nccl --world-size 8,32,256
+    ddpbench predict --profile P.jsonl --model resnet50 --allreduce results/runs/<machine> --world-size 2
+    ddpbench tune-bucket --profile P.jsonl --model bert-base --cluster paper-v100-nccl --world-size 32
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+from ..config import ConfigError, RunConfig, default_backend_and_device, expand_grid, parse_ints, parse_list
+from ..records import read_records
+from .comm import PRESETS, CommModel, fit
+from .profile import PROFILE_KEYS, Profile, find_profile, profile_config
+from .simulate import Schedule, simulate
+
+DEFAULT_CAPS = "0,1,2,5,10,15,25,35,50,75,100,150,200"
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ddpbench profile`: what to profile (one process, world size 1)."""
+    for name in ("model", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device"):
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="LIST",
+                            help=f"comma-separated; default {getattr(RunConfig(), name)!r}")
+
+
+def resolve(args: argparse.Namespace) -> list[RunConfig]:
+    """The world-size-1 configs to profile, validated."""
+    _, default_device = default_backend_and_device()
+    lists = {name: parse_list(name, getattr(args, name)) for name in
+             ("model", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device")
+             if getattr(args, name) is not None}
+    lists.setdefault("device", [default_device])
+    lists.setdefault("threads", [1])  # as the main job's runs: one compute thread per rank
+    configs = [profile_config(c) for c in expand_grid({**lists, "world_size": [1]})]
+    return [dataclasses.replace(c, backend="nccl" if c.device == "cuda" else "gloo") for c in configs]
+
+
+def run(configs: list[RunConfig], args: argparse.Namespace) -> dict:
+    """Profile every config not yet recorded (see sweep.run_jobs)."""
+    from ..sweep import run_jobs
+    from .profile import make_record, measure
+
+    return run_jobs(configs, args.out, measure, make_record, "profile", resume=args.resume, timeout=args.timeout)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
+    """Options shared by `predict` and `tune-bucket`."""
+    parser.add_argument("--profile", type=Path, required=True, help="profile records (file or folder)")
+    parser.add_argument("--model", required=True, help="the profiled model to predict")
+    for name in ("batch_size", "image_size", "seq_len", "threads"):
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int,
+                            help="pick the profile with this value (default: the newest profile of the model)")
+    network = parser.add_mutually_exclusive_group(required=True)
+    network.add_argument("--cluster", help=f"a cluster preset: {', '.join(PRESETS)}")
+    network.add_argument("--allreduce", type=Path, help="all-reduce records to fit (file or folder) - this machine")
+    parser.add_argument("--backend", default="gloo", help="with --allreduce: the backend whose records to fit")
+    parser.add_argument("--device", default="cpu", help="with --allreduce: the device whose records to fit")
+    parser.add_argument("--world-size", default="2", help="comma-separated rank counts")
+    parser.add_argument("--bucket-mb", default=DEFAULT_CAPS if tune else "25", help="comma-separated caps (MB)")
+    parser.add_argument("--first-bucket-mb", type=float, default=1.0)
+    parser.add_argument("--sync-every", default="1", help="comma-separated n (reduce every n iterations)")
+    parser.add_argument("--process-groups", default="1", help="comma-separated round-robin group counts")
+    parser.add_argument("--overlap", default="on", help="on, off, or on,off")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def comm_model(args: argparse.Namespace) -> CommModel:
+    """The network: a named preset, or a fit to this machine's all-reduce records."""
+    if args.cluster is not None:
+        if args.cluster not in PRESETS:
+            raise ConfigError(f"--cluster={args.cluster!r} is unknown; choose one of {', '.join(PRESETS)}")
+        return PRESETS[args.cluster]
+    try:
+        return fit(read_records(args.allreduce), args.backend, args.device).model
+    except (FileNotFoundError, ValueError) as error:
+        raise ConfigError(f"--allreduce={str(args.allreduce)!r}: {error}") from None
+
+
+def chosen_profile(args: argparse.Namespace) -> Profile:
+    """The newest profile of --model (narrowed by any input options given)."""
+    try:
+        records = read_records(args.profile)
+    except FileNotFoundError as error:
+        raise ConfigError(f"--profile: {error}") from None
+    wanted = {k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len", "threads")
+              if getattr(args, k) is not None}
+    matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok"
+               and r["config"]["model"] == args.model and all(r["config"][k] == v for k, v in wanted.items())]
+    if not matches:
+        found = sorted({r["config"]["model"] for r in records if r.get("kind") == "profile"})
+        raise ConfigError(f"--profile={str(args.profile)!r} holds no profile of --model={args.model!r}"
+                          f"{' with ' + str(wanted) if wanted else ''}; it has: {', '.join(found) or 'none'} "
+                          "(make one with `ddpbench profile`)")
+    return Profile.from_record(matches[-1])
+
+
+def schedules(args: argparse.Namespace) -> list[Schedule]:
+    """Every combination of the schedule lists, validated."""
+    overlaps = []
+    for item in args.overlap.split(","):
+        if item.strip() not in ("on", "off"):
+            raise ConfigError(f"--overlap: {item.strip()!r} is not allowed; choose on, off, or on,off")
+        overlaps.append(item.strip() == "on")
+    caps = parse_list("bucket_mb", args.bucket_mb)
+    if any(cap < 0 for cap in caps):
+        raise ConfigError(f"--bucket-mb={args.bucket_mb} is not allowed; caps must be >= 0")
+    if args.first_bucket_mb < 0:
+        raise ConfigError(f"--first-bucket-mb={args.first_bucket_mb} is not allowed; it must be >= 0")
+    return [Schedule(world_size=p, bucket_mb=cap, first_bucket_mb=args.first_bucket_mb, overlap=overlap,
+                     sync_every=n, process_groups=k)
+            for p, cap, n, k, overlap in itertools.product(
+                parse_ints("world-size", args.world_size, 1), caps, parse_ints("sync-every", args.sync_every, 1),
+                parse_ints("process-groups", args.process_groups, 1), overlaps)]
+
+
+def predict_rows(profile: Profile, comm: CommModel, plans: list[Schedule]) -> list[dict]:
+    """One row per schedule: the prediction in milliseconds and its breakdown."""
+    rows = []
+    for plan in plans:
+        prediction = simulate(profile, comm, plan)
+        rows.append({**dataclasses.asdict(plan), "latency_ms": prediction.latency * 1e3,
+                     **{f"{k}_ms": v * 1e3 for k, v in prediction.breakdown.items()},
+                     "buckets": len(prediction.buckets)})
+    return rows
+
+
+def recommend(rows: list[dict], tolerance: float = 0.01) -> dict:
+    """The best cap: the smallest predicted latency, preferring the smaller cap within `tolerance`
+    (a smaller cap starts communication earlier and needs less memory for the same speed)."""
+    best = min(row["latency_ms"] for row in rows)
+    return min((row for row in rows if row["latency_ms"] <= best * (1 + tolerance)), key=lambda row: row["bucket_mb"])
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A plain-text table of prediction rows."""
+    header = (f"{'ranks':>6} {'cap MB':>7} {'overlap':>7} {'every':>5} {'groups':>6} {'buckets':>7} "
+              f"{'latency ms':>10} {'fwd':>7} {'bwd':>7} {'comm':>7} {'tail':>6} {'opt':>6}")
+    lines = [header]
+    for r in rows:
+        lines.append(f"{r['world_size']:>6} {r['bucket_mb']:>7g} {'on' if r['overlap'] else 'off':>7} "
+                     f"{r['sync_every']:>5} {r['process_groups']:>6} {r['buckets']:>7} {r['latency_ms']:>10.2f} "
+                     f"{r['forward_ms']:>7.2f} {r['backward_ms']:>7.2f} {r['exposed_comm_ms']:>7.2f} "
+                     f"{r['tail_ms']:>6.2f} {r['optimizer_ms']:>6.2f}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`predict` and `tune-bucket`: print predictions (and the recommended cap); 2 on bad input."""
+    import sys
+
+    try:
+        comm, profile, plans = comm_model(args), chosen_profile(args), schedules(args)
+        if args.command == "tune-bucket" and len({(s.world_size, s.sync_every, s.process_groups, s.overlap)
+                                                 for s in plans}) > 1:
+            raise ConfigError("tune-bucket takes one value each of --world-size, --sync-every, --process-groups "
+                              "and --overlap; it varies --bucket-mb")
+    except ConfigError as error:
+        print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    rows = predict_rows(profile, comm, plans)
+    result = {"model": profile.model, "profile": profile.config, "network": comm.name, "source": comm.source,
+              "predictions": rows}
+    if args.command == "tune-bucket":
+        result["recommended_bucket_mb"] = recommend(rows)["bucket_mb"]
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"{profile.model} on {comm.name} (model prediction; {comm.source})")
+    print(format_rows(rows))
+    if args.command == "tune-bucket":
+        print(f"recommended --bucket-mb {result['recommended_bucket_mb']:g}")
+    return 0
+
+
+def measured_latency(record: dict) -> float:
+    """A run record's latency as the model predicts it: the median, or for reduce-every-n the median
+    of the mean over each cycle of n iterations."""
+    n, samples = record["config"]["sync_every"], record["latency_s"]
+    cycles = [statistics.fmean(samples[i:i + n]) for i in range(0, len(samples) // n * n, n)]
+    return statistics.median(cycles)
+
+
+def validate(runs: Path, backend: str = "gloo", device: str = "cpu") -> list[dict]:
+    """Predicted against measured latency for every ddp_core run under `runs` that has a profile there.
+
+    The network is fitted to the all-reduce records under `runs` (never to the runs themselves).
+    """
+    records = read_records(runs)
+    comm = fit(records, backend, device).model
+    rows = []
+    for record in records:
+        c = record["config"]
+        if (record.get("kind") != "run" or record["status"] != "ok" or c["impl"] == "torch"
+                or c["comm_hook"] != "none" or c["backend"] != backend or c["device"] != device):
+            continue
+        profile = find_profile(records, c)
+        if profile is None:
+            continue
+        plan = Schedule(world_size=c["world_size"], bucket_mb=c["bucket_mb"], overlap=c["impl"] == "ddp_core",
+                        sync_every=c["sync_every"], process_groups=c["process_groups"])
+        predicted = simulate(profile, comm, plan).latency
+        measured = measured_latency(record)
+        rows.append({**{k: c[k] for k in ("model", "world_size", "bucket_mb", "impl", "sync_every",
+                                          "process_groups", *PROFILE_KEYS)},
+                     "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})
+    return rows
+

@@ -1,0 +1,132 @@
+"""The one-process profile the performance model starts from (`ddpbench profile`).
+
+One rank (world size 1) trains the model with ddp_core, reducing only after backward, so that
+backward is pure computation plus the copies into buckets. ddp_core's reducer observer reports the
+moment each gradient is in its bucket; with the forward, backward, tail (waiting and writing back)
+and optimizer times, and every gradient's size, that is all the simulation needs. Iterations under
+`no_sync()` (skip-sync, E5) are measured separately: their backward neither copies nor reduces.
+Raw samples are kept; the model uses their medians.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass
+import torch
+
+from ..config import RunConfig
+from ..harness import Clock, build, train_step
+
+
+class ReadyTimes:
+    """Reducer observer: a clock mark per gradient as it arrives, and one when backward compute ends."""
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+
+    def parameter_ready(self, index: int) -> None:
+        """Mark gradient `index` (a CUDA event on the producing stream, on GPUs)."""
+        self.clock.mark(f"ready{index}")
+
+    def bucket_launched(self, index: int, future: torch.futures.Future) -> None:
+        """Nothing to record: at world size 1 the all-reduce is not what is profiled."""
+
+    def backward_computed(self) -> None:
+        """Mark the end of backward computation."""
+        self.clock.mark("backward_computed")
+
+    def gradients_synchronised(self) -> None:
+        """Nothing to mark: backward() returns right after this."""
+
+
+def profile_config(config: RunConfig) -> RunConfig:
+    """The world-size-1 config that profiles `config`'s model, inputs and threads."""
+    return dataclasses.replace(config, world_size=1, impl="ddp_core_no_overlap", bucket_mb=25.0, sync_every=1,
+                               process_groups=1, comm_hook="none")
+
+
+def measure(rank: int, world_size: int, config_fields: dict) -> dict:
+    """On the single rank: warm up, then time `iters` synchronised and `iters` no_sync iterations."""
+    config = RunConfig(**config_fields)
+    t = build(rank, config)
+    clock = Clock(t.device)
+    t.ddp.reducer.observer = ReadyTimes(clock)
+    n_params = len(t.ddp.reducer.params)
+    synced, skipped = [], []
+    for i in range(config.warmup + config.iters):
+        clock.start()
+        train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark)
+        m = clock.seconds()
+        if i >= config.warmup:
+            synced.append({"forward": m["forward"], "backward": m["backward_computed"] - m["forward"],
+                           "tail": m["backward"] - m["backward_computed"], "optimizer": m["optimizer"] - m["backward"],
+                           "ready": [m[f"ready{p}"] - m["forward"] for p in range(n_params)]})
+    for i in range(config.warmup + config.iters):
+        clock.start()
+        train_step(t.ddp, t.family, t.batch, t.optimizer, False, clock.mark)
+        m = clock.seconds()
+        t.optimizer.zero_grad(set_to_none=True)  # each skipped iteration starts as the first of a cycle
+        if i >= config.warmup:
+            skipped.append({"forward": m["forward"], "backward": m["backward"] - m["forward"]})
+    reducer = t.ddp.reducer
+    return {
+        "synced": synced, "skipped": skipped,
+        "names": reducer.names,
+        "bytes": [p.numel() * p.element_size() for p in reducer.params],
+        "dtypes": [str(p.dtype) for p in reducer.params],
+        "buffer_bytes": sum(b.numel() * b.element_size() for b in t.model.buffers()),
+    }
+
+
+def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
+    """The profile record: raw samples per iteration, and the gradients' names, sizes and dtypes."""
+    (result,) = per_rank
+    phases = ("forward", "backward", "tail", "optimizer")
+    summary = {phase: statistics.median(row[phase] for row in result["synced"]) for phase in phases}
+    summary["p50"] = statistics.median(sum(row[phase] for phase in phases) for row in result["synced"])
+    return {"kind": "profile", "status": "ok", "config": dataclasses.asdict(config), "summary": summary, **result,
+            "timing": {"config_wall_s": wall_s}}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Medians of a profile record: what the simulation replays (seconds, bytes)."""
+
+    model: str
+    forward: float
+    backward: float  # first gradient hook to the last: computation and copies into buckets
+    ready: tuple[float, ...]  # per parameter, seconds after backward started
+    tail: float  # after backward at world size 1: the wait (nothing to wait for) and the write-back
+    optimizer: float
+    skipped_forward: float
+    skipped_backward: float
+    nbytes: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    buffer_bytes: int
+    config: dict
+
+    @classmethod
+    def from_record(cls, record: dict) -> "Profile":
+        """Summarise a profile record by medians over its iterations."""
+        synced, skipped = record["synced"], record["skipped"]
+
+        def median(rows, key):
+            return statistics.median(row[key] for row in rows)
+
+        ready = tuple(statistics.median(column) for column in zip(*(row["ready"] for row in synced)))
+        return cls(model=record["config"]["model"], forward=median(synced, "forward"),
+                   backward=median(synced, "backward"), ready=ready, tail=median(synced, "tail"),
+                   optimizer=median(synced, "optimizer"), skipped_forward=median(skipped, "forward"),
+                   skipped_backward=median(skipped, "backward"), nbytes=tuple(record["bytes"]),
+                   dtypes=tuple(record["dtypes"]), buffer_bytes=record["buffer_bytes"], config=record["config"])
+
+
+# What makes two configs share a profile: the model, its inputs, the device and the compute threads.
+PROFILE_KEYS = ("model", "device", "batch_size", "image_size", "seq_len", "threads")
+
+
+def find_profile(records: list[dict], config: dict) -> Profile | None:
+    """The newest profile among `records` whose model, inputs, device and threads match `config`."""
+    matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok"
+               and all(r["config"][k] == config[k] for k in PROFILE_KEYS)]
+    return Profile.from_record(matches[-1]) if matches else None

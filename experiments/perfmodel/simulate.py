@@ -1,0 +1,90 @@
+"""DDP's schedule replayed on paper: predicted per-iteration latency and where it goes.
+
+One synchronised iteration, as ddp_core runs it:
+1. forward (after broadcasting buffers from rank 0);
+2. backward produces gradients at the profiled times; gradients are assigned to buckets exactly as
+   ddp_core assigns them (in arrival order, under the caps);
+3. a bucket is launched once it is complete and every earlier bucket was launched (or, without
+   overlap, all at the end of backward); bucket i goes to process group i mod k; each group is one
+   channel that reduces its buckets in order. Channels overlap their latency but share the link's
+   bandwidth, which serves one bucket at a time;
+4. after backward, wait for the last bucket, write back (the profile's tail), step the optimizer.
+Where communication runs on the compute cores (Gloo on a CPU), nothing overlaps: the cores do the
+backward and every all-reduce one after the other. With reduce-every-n, n-1 iterations only compute
+(forward and a local backward) and the n-th synchronises; the prediction is the mean over the cycle.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddp_core.bucketing import TensorSpec, assign_buckets
+
+from .comm import CommModel
+from .profile import Profile
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What DDP does in one iteration: the knobs the paper varies."""
+
+    world_size: int
+    bucket_mb: float = 25.0
+    first_bucket_mb: float = 1.0
+    overlap: bool = True
+    sync_every: int = 1
+    process_groups: int = 1
+
+
+@dataclass
+class Prediction:
+    """Predicted seconds per iteration (mean over a skip-sync cycle) and its parts."""
+
+    latency: float
+    breakdown: dict[str, float]  # of the synchronised iteration: forward, backward, exposed_comm, tail, optimizer
+    buckets: list[dict] = field(default_factory=list)  # per bucket: bytes, ready, start, done (s after backward start)
+
+
+def buckets_of(profile: Profile, bucket_mb: float, first_bucket_mb: float) -> list[list[int]]:
+    """ddp_core's buckets for this profile: parameters in the order their gradients arrived."""
+    order = sorted(range(len(profile.ready)), key=profile.ready.__getitem__)
+    specs = [TensorSpec(n, dtype) for n, dtype in zip(profile.nbytes, profile.dtypes)]
+    return assign_buckets(specs, order, bucket_mb, first_bucket_mb)
+
+
+def simulate(profile: Profile, comm: CommModel, schedule: Schedule) -> Prediction:
+    """Predict the per-iteration latency of `schedule` for the profiled model on `comm`'s network."""
+    p = schedule.world_size
+    forward = profile.forward + comm.broadcast(profile.buffer_bytes, p)
+    buckets = []
+    for indices in buckets_of(profile, schedule.bucket_mb, schedule.first_bucket_mb):
+        ready = max(profile.ready[i] for i in indices) if schedule.overlap else profile.backward
+        buckets.append({"bytes": sum(profile.nbytes[i] for i in indices), "ready": ready})
+
+    comm_total = sum(comm.allreduce(b["bytes"], p) for b in buckets)
+    if comm.shares_cores:
+        synchronised_backward = profile.backward + comm_total  # the same cores do both, one after the other
+    else:
+        synchronised_backward = max(profile.backward, _replay(buckets, comm, p, schedule.process_groups))
+    exposed = synchronised_backward - profile.backward
+    breakdown = {"forward": forward, "backward": profile.backward, "exposed_comm": exposed, "tail": profile.tail,
+                 "optimizer": profile.optimizer}
+    synchronised = sum(breakdown.values())
+    skipped = profile.skipped_forward + comm.broadcast(profile.buffer_bytes, p) + profile.skipped_backward
+    n = schedule.sync_every
+    return Prediction(latency=((n - 1) * skipped + synchronised) / n, breakdown=breakdown, buckets=buckets)
+
+
+def _replay(buckets: list[dict], comm: CommModel, ranks: int, channels: int) -> float:
+    """Launch buckets in order over `channels`; returns when the last all-reduce completes."""
+    latency = comm.latency(ranks)
+    launched = link_free = 0.0
+    channel_free = [0.0] * channels
+    for index, bucket in enumerate(buckets):
+        launched = max(bucket["ready"], launched)  # bucket i never starts before bucket i-1
+        start = max(launched, channel_free[index % channels])
+        # The latency part runs in parallel across channels; the bandwidth part needs the shared link.
+        transfer = comm.allreduce(bucket["bytes"], ranks) - latency
+        link_free = max(start + latency, link_free) + transfer
+        channel_free[index % channels] = link_free
+        bucket.update(start=start, done=link_free)
+    return link_free

@@ -1,0 +1,166 @@
+"""The performance model: the all-reduce fit, the schedule simulation on hand-made profiles whose answer
+is known, and `ddpbench profile | predict | tune-bucket` end to end on a tiny model."""
+import json
+
+import pytest
+
+from experiments.cli import main
+from experiments.perfmodel.comm import PRESETS, CommModel, Link, fit
+from experiments.perfmodel.commands import recommend
+from experiments.perfmodel.profile import Profile
+from experiments.perfmodel.simulate import Schedule, buckets_of, simulate
+
+MB = 1024 * 1024
+
+
+def allreduce_record(mode, elements, total, ranks, seconds):
+    config = {"mode": mode, "backend": "gloo", "device": "cpu", "world_size": ranks, "elements": elements,
+              "total_elements": total, "reps": 3, "warmup": 1, "threads": 1}
+    return {"kind": "allreduce", "status": "ok", "config": config, "latency_s": [seconds] * 3}
+
+
+def test_fit_recovers_alpha_and_beta_from_exact_ring_times():
+    truth = Link(alpha=2e-4, busbw=1.5e9)
+    records = [allreduce_record("size", n, n, p, truth.allreduce(4 * n, p)) for n in (256, 65536, 4 << 20)
+               for p in (2, 4)]
+    records.append(allreduce_record("granularity", 1000, 60000, 2, 60 * truth.allreduce(4000, 2)))
+    result = fit(records, "gloo", "cpu")
+    assert result.model.intra.alpha == pytest.approx(2e-4, rel=1e-6)
+    assert result.model.intra.busbw == pytest.approx(1.5e9, rel=1e-6)
+    assert result.worst_error < 1e-6
+    assert result.model.shares_cores  # Gloo on the CPU computes on the same cores
+    with pytest.raises(ValueError, match="need at least 2 all-reduce records for backend='nccl'"):
+        fit(records, "nccl", "cuda")
+
+
+def test_cluster_preset_uses_the_slowest_link_the_ring_crosses():
+    cluster = CommModel("test", intra=Link(1e-6, 100e9), inter=Link(1e-5, 10e9), per_server=8)
+    assert cluster.link(8) == cluster.intra
+    assert cluster.link(9) == Link(1e-5, 10e9)
+    assert cluster.allreduce(1e9, 1) == 0
+    assert cluster.allreduce(1e9, 16) == pytest.approx(2 * 15 * 1e-5 + 2 * 15 / 16 * 1e9 / 10e9)
+    for preset in PRESETS.values():
+        assert preset.source and preset.intra.busbw >= preset.inter.busbw
+
+
+def toy_profile(ready=(0.1, 0.2), nbytes=(MB, MB), backward=0.3):
+    """Two 1 MB gradients ready at 0.1 s and 0.2 s of a 0.3 s backward."""
+    return Profile(model="toy", forward=0.05, backward=backward, ready=tuple(ready), tail=0.01, optimizer=0.02,
+                   skipped_forward=0.05, skipped_backward=0.25, nbytes=tuple(nbytes),
+                   dtypes=("torch.float32",) * len(nbytes), buffer_bytes=0, config={})
+
+
+# one all-reduce of 1 MB over 2 ranks takes 2*alpha + n/busbw = 0.01 + 0.04 = 0.05 s
+TOY_NET = CommModel("toy", intra=Link(alpha=0.005, busbw=MB / 0.04))
+
+
+def test_one_process_is_the_profile_itself():
+    prediction = simulate(toy_profile(), TOY_NET, Schedule(world_size=1))
+    assert prediction.latency == pytest.approx(0.05 + 0.3 + 0.01 + 0.02)
+    assert prediction.breakdown["exposed_comm"] == 0
+
+
+def test_overlap_hides_communication_that_ends_before_backward():
+    overlapped = simulate(toy_profile(), TOY_NET, Schedule(world_size=2, bucket_mb=1, first_bucket_mb=1))
+    assert [b["ready"] for b in overlapped.buckets] == [0.1, 0.2]
+    assert [b["done"] for b in overlapped.buckets] == pytest.approx([0.15, 0.25])
+    assert overlapped.breakdown["exposed_comm"] == 0
+    serial = simulate(toy_profile(), TOY_NET, Schedule(world_size=2, bucket_mb=1, overlap=False))
+    assert serial.breakdown["exposed_comm"] == pytest.approx(0.1)  # both buckets after backward
+    assert serial.latency - overlapped.latency == pytest.approx(0.1)
+
+
+def test_bucket_waits_for_the_previous_one_and_one_big_bucket_starts_late():
+    # The second gradient arrives first; its bucket still goes second.
+    prediction = simulate(toy_profile(ready=(0.2, 0.1)), TOY_NET, Schedule(world_size=2, bucket_mb=1))
+    assert [b["ready"] for b in prediction.buckets] == [0.1, 0.2]  # arrival order, as ddp_core rebuilds
+    short = toy_profile(backward=0.2)
+    small_first = simulate(short, TOY_NET, Schedule(world_size=2, bucket_mb=25))
+    assert len(small_first.buckets) == 2  # the 1 MB first bucket, then the rest
+    assert small_first.breakdown["exposed_comm"] == pytest.approx(0.25 - 0.2)
+    late = simulate(short, TOY_NET, Schedule(world_size=2, bucket_mb=25, first_bucket_mb=25))
+    assert len(late.buckets) == 1  # starts only when the last gradient is ready: 0.2 + 0.01 + 2 * 0.04
+    assert late.breakdown["exposed_comm"] == pytest.approx(0.29 - 0.2)
+
+
+def test_shared_cores_serialise_compute_and_communication():
+    shared = CommModel("cpu", intra=TOY_NET.intra, shares_cores=True)
+    prediction = simulate(toy_profile(), shared, Schedule(world_size=2, bucket_mb=1))
+    assert prediction.breakdown["exposed_comm"] == pytest.approx(0.1)  # overlap cannot help
+
+
+def test_round_robin_channels_overlap_latency_but_share_bandwidth():
+    latency_bound = CommModel("lat", intra=Link(alpha=0.05, busbw=1e15))
+    ready = (0.3,) * 4
+    profile = toy_profile(ready=ready, nbytes=(MB,) * 4)
+    one = simulate(profile, latency_bound, Schedule(world_size=2, bucket_mb=0, first_bucket_mb=0))
+    four = simulate(profile, latency_bound, Schedule(world_size=2, bucket_mb=0, first_bucket_mb=0, process_groups=4))
+    assert one.breakdown["exposed_comm"] == pytest.approx(0.4)
+    assert four.breakdown["exposed_comm"] == pytest.approx(0.1)
+    bandwidth_bound = CommModel("bw", intra=Link(alpha=0, busbw=MB / 0.05))
+    assert simulate(profile, bandwidth_bound, Schedule(world_size=2, bucket_mb=0, process_groups=4)
+                    ).breakdown["exposed_comm"] == pytest.approx(0.2)  # 4 x 1 MB at 20 MB/s either way
+
+
+def test_skip_sync_averages_the_cycle():
+    every = simulate(toy_profile(), TOY_NET, Schedule(world_size=2, bucket_mb=1))
+    fourth = simulate(toy_profile(), TOY_NET, Schedule(world_size=2, bucket_mb=1, sync_every=4))
+    assert fourth.latency == pytest.approx((3 * (0.05 + 0.25) + every.latency) / 4)
+
+
+def test_buckets_follow_ddp_core_assignment():
+    profile = toy_profile(ready=(0.3, 0.2, 0.1), nbytes=(MB, 2 * MB, MB))
+    assert buckets_of(profile, bucket_mb=2, first_bucket_mb=1) == [[2], [1], [0]]
+    assert buckets_of(profile, bucket_mb=0, first_bucket_mb=1) == [[2], [1], [0]]
+    assert buckets_of(profile, bucket_mb=10, first_bucket_mb=10) == [[2, 1, 0]]
+
+
+def test_recommend_prefers_the_smaller_cap_among_near_ties():
+    rows = [{"bucket_mb": 5, "latency_ms": 100.5}, {"bucket_mb": 50, "latency_ms": 100.0},
+            {"bucket_mb": 0, "latency_ms": 130.0}]
+    assert recommend(rows)["bucket_mb"] == 5
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "profile.jsonl"
+    status = main(["profile", "--model", "resnet-tiny", "--image-size", "16", "--batch-size", "2", "--iters", "3",
+                   "--warmup", "1", "--out", str(out)])
+    assert status == 0
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_profile_records_every_gradient_in_arrival_order(tiny_profile):
+    (record,) = [json.loads(line) for line in tiny_profile.read_text().splitlines()]
+    assert record["kind"] == "profile" and record["config"]["world_size"] == 1
+    assert len(record["names"]) == len(record["bytes"]) == 38 and len(record["synced"]) == 3
+    for row in record["synced"]:
+        assert all(0 < t <= row["backward"] for t in row["ready"])
+        # backward runs from the loss to the input: the classifier's gradient comes before the first conv's
+        assert row["ready"][record["names"].index("fc.weight")] < row["ready"][record["names"].index("conv1.weight")]
+
+
+@pytest.mark.timeout(180)
+def test_predict_and_tune_bucket_print_json(tiny_profile, capsys):
+    assert main(["predict", "--profile", str(tiny_profile), "--model", "resnet-tiny", "--cluster", "paper-v100-nccl",
+                 "--world-size", "8,64", "--overlap", "on,off", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["predictions"]
+    assert len(rows) == 4
+    assert all(row["latency_ms"] > 0 for row in rows)
+    assert main(["tune-bucket", "--profile", str(tiny_profile), "--model", "resnet-tiny", "--cluster",
+                 "paper-v100-gloo", "--world-size", "32", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["recommended_bucket_mb"] in [row["bucket_mb"] for row in result["predictions"]]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "resnet-tiny", "--cluster", "dgx-a100"], "--cluster='dgx-a100' is unknown; choose one of paper-v100"),
+    (["--model", "bert-base", "--cluster", "paper-v100-nccl"], "holds no profile of --model='bert-base'"),
+    (["--model", "resnet-tiny", "--cluster", "paper-v100-nccl", "--bucket-mb", "-5"], "--bucket-mb=-5 is not allowed"),
+    (["--model", "resnet-tiny", "--cluster", "paper-v100-nccl", "--overlap", "maybe"], "--overlap: 'maybe' is not"),
+    (["--model", "resnet-tiny", "--allreduce", "/nonexistent"], "--allreduce='/nonexistent': no record file"),
+])
+def test_predict_bad_input_exits_2_with_the_reason(tiny_profile, capsys, argv, needle):
+    assert main(["predict", "--profile", str(tiny_profile), *argv]) == 2
+    assert needle in capsys.readouterr().err
