@@ -16,7 +16,7 @@ from analysis.common import RUN_EXPERIMENTS, caption, cycle_means, machine, resu
 from experiments.stats import ratio_of_medians
 
 SCRIPTS = ["e1_allreduce", "e2_overlap", "e3_bucket_size", "e4_scaling", "e5_skip_sync", "e6_convergence",
-           "e7_round_robin", "e8_backends", "sweep_overhead"]
+           "e7_round_robin", "e8_backends", "model_validation", "model_extrapolation", "sweep_overhead"]
 # E6: "no visible harm" read as a final loss within 25% of reducing every iteration (upper CI bound).
 NO_VISIBLE_HARM = 1.25
 TITLES = {
@@ -28,6 +28,9 @@ TITLES = {
     "e6_convergence": "E6 - skipping synchronisation: convergence",
     "e7_round_robin": "E7 - round-robin process groups",
     "e8_backends": "E8 - NCCL against Gloo",
+    "model_validation": "Performance model: predicted against measured latency on this machine",
+    "model_extrapolation": "Performance model: E3/E4/E5/E7 predicted for the paper's testbed (predictions, not "
+                           "measurements; assumptions in analysis/model_extrapolation.py)",
     "sweep_overhead": "Where the job's time goes (seconds; 'other' is the runner's overhead, including "
                       "process start-up for the first config of each world size)",
 }

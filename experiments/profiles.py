@@ -42,6 +42,7 @@ def commands(profile: str, gpus: int) -> dict[str, list[str]]:
         allreduce = ["--total", "262144", "--per-call", "1024,16384,262144", "--sizes", "4096,262144",
                      "--reps", "3", "--warmup", "1"]
         train = ["--iters", "60"]
+        sizes = "1024,16384,262144"
     elif profile == "quick":
         # Measured on 2 cores: at these sizes the all-reduce is a large share of the iteration (see the
         # report's E2 row), as on the paper's GPUs; at 224x224 it would be a few percent.
@@ -49,11 +50,13 @@ def commands(profile: str, gpus: int) -> dict[str, list[str]]:
         iters, caps = ["--iters", "20", "--warmup", "3"], "0,1,5,10,25,50,100,200"
         allreduce = ["--reps", "3", "--warmup", "1"]
         train = ["--iters", "400"]
+        sizes = ",".join(str(2 ** k) for k in range(10, 29))  # 1 KiB .. 256 MiB, for the model's fit
     else:
         models, inputs = "resnet50,bert-base", ["--image-size", "224", "--seq-len", "128", "--batch-size", "32"]
         iters, caps = ["--iters", "20", "--warmup", "5"], "0,1,5,10,25,50,100,200"
         allreduce = ["--reps", "5", "--warmup", "2"]
         train = ["--iters", "1000"]
+        sizes = ",".join(str(2 ** k) for k in range(10, 31))
     common = ["--backend", backends, "--device", device, "--model", models, *inputs, *iters, "--threads", "1"]
     if gpus:
         common.remove("--threads")
@@ -69,6 +72,11 @@ def commands(profile: str, gpus: int) -> dict[str, list[str]]:
         "e6_convergence": ["train", "--backend", backends.split(",")[-1], "--device", device, "--world-size", widest,
                            "--sync-every", "1,2,4,8", *train],
         "e7_round_robin": ["run", *common, "--world-size", widest, "--process-groups", "1,3,5"],
+        # The performance model's inputs (issue 5): a one-process profile and a dense all-reduce sweep.
+        "model_profile": ["profile", "--device", device, "--model", models, *inputs, *iters,
+                          *([] if gpus else ["--threads", "1"])],
+        "model_allreduce": ["allreduce", "--mode", "size", "--backend", backends, "--device", device, "--world-size",
+                            widest, "--sizes", sizes, *(allreduce[-4:] if profile == "smoke" else ["--reps", "10"])],
     }
 
 

@@ -3,7 +3,7 @@
 # 8 minutes on one H200. It uses that machine's own python3 (which has torch, transformers, pandas,
 # scipy and pytest) rather than scripts/env.sh, since nothing can be installed there.
 #
-#   OUT=/some/folder scripts/gpu_check.sh      # writes gpu.log, runs.jsonl, allreduce.jsonl, summary.txt
+#   OUT=/some/folder scripts/gpu_check.sh      # writes gpu.log, runs.jsonl, profile.jsonl, allreduce.jsonl, summary.txt
 #
 # Each step has its own time limit; a failed step is reported and the others still run.
 set -uo pipefail
@@ -29,18 +29,23 @@ run() { "$py" -m experiments run --device cuda --out "$out/runs.jsonl" --timeout
 
 nvidia-smi -L >>"$log" 2>&1
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' >>"$log" 2>&1
-step gpu_tests 150 "$py" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+step gpu_tests 110 "$py" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
 # ddp_core against PyTorch's DDP: NCCL at world size 1, and Gloo on CUDA tensors at world size 2 (one GPU)
-step resnet50_nccl_ws1 90 run --backend nccl --world-size 1 --model resnet50 --impl ddp_core,ddp_core_no_overlap,torch \
+step resnet50_nccl_ws1 60 run --backend nccl --world-size 1 --model resnet50 --impl ddp_core,ddp_core_no_overlap,torch \
   --image-size 224 --batch-size 32 --iters 20 --warmup 5
-step bert_nccl_ws1 90 run --backend nccl --world-size 1 --model bert-base --impl ddp_core,ddp_core_no_overlap,torch \
+step bert_nccl_ws1 60 run --backend nccl --world-size 1 --model bert-base --impl ddp_core,ddp_core_no_overlap,torch \
   --seq-len 128 --batch-size 16 --iters 20 --warmup 5
-step gloo_cuda_ws2 120 run --backend gloo --world-size 2 --model resnet50,bert-base --impl ddp_core,torch \
+step gloo_cuda_ws2 80 run --backend gloo --world-size 2 --model resnet50,bert-base --impl ddp_core,torch \
   --image-size 224 --seq-len 128 --batch-size 16 --iters 10 --warmup 3
+# the performance model's one-process profiles (issue 5) at the paper's input sizes
+step profile_resnet50 40 "$py" -m experiments profile --device cuda --model resnet50 --image-size 224 --batch-size 32 \
+  --iters 20 --warmup 5 --out "$out/profile.jsonl"
+step profile_bert 40 "$py" -m experiments profile --device cuda --model bert-base --seq-len 128 --batch-size 16 \
+  --iters 20 --warmup 5 --out "$out/profile.jsonl"
 # all-reduce microbenchmarks at the sizes a communication model is fitted to
-step allreduce_nccl 60 "$py" -m experiments allreduce --backend nccl --device cuda --world-size 1 \
+step allreduce_nccl 40 "$py" -m experiments allreduce --backend nccl --device cuda --world-size 1 \
   --per-call 1000000,10000000,60000000 --reps 5 --out "$out/allreduce.jsonl"
-step allreduce_gloo_cuda 90 "$py" -m experiments allreduce --backend gloo --device cuda --world-size 2 \
+step allreduce_gloo_cuda 60 "$py" -m experiments allreduce --backend gloo --device cuda --world-size 2 \
   --per-call 100000,1000000,10000000,60000000 --reps 3 --out "$out/allreduce.jsonl"
 
 "$py" - "$out" <<'PY' | tee -a "$out/summary.txt"
@@ -48,7 +53,7 @@ import sys
 from pathlib import Path
 from experiments.records import read_records
 out = Path(sys.argv[1])
-for name in ("runs.jsonl", "allreduce.jsonl"):
+for name in ("runs.jsonl", "profile.jsonl", "allreduce.jsonl"):
     path = out / name
     if not path.exists():
         print(f"{name}: no records")
@@ -63,6 +68,10 @@ for name in ("runs.jsonl", "allreduce.jsonl"):
             print(f"{c['model']:10} {c['impl']:20} {c['backend']:5} ws{c['world_size']} "
                   f"p50 {r['summary']['p50'] * 1e3:8.2f} ms  fwd {b['forward'] * 1e3:.1f} bwd {b['backward'] * 1e3:.1f} "
                   f"comm {comm} opt {b['optimizer'] * 1e3:.1f}  correct={r['correct']}")
+        elif r["kind"] == "profile":
+            s = r["summary"]
+            print(f"profile {c['model']:10} ws1 p50 {s['p50'] * 1e3:8.2f} ms  fwd {s['forward'] * 1e3:.1f} "
+                  f"bwd {s['backward'] * 1e3:.1f} tail {s['tail'] * 1e3:.1f} opt {s['optimizer'] * 1e3:.1f}")
         else:
             s = r["summary"]
             print(f"allreduce {c['backend']:5} ws{c['world_size']} {c['mode']:11} {c['elements']:>9} el/call "

@@ -27,7 +27,7 @@ def smoke(tmp_path_factory):
 @pytest.mark.timeout(900)
 def test_smoke_profile_records_every_experiment(smoke):
     results, _ = smoke
-    for name in EXPERIMENTS:
+    for name in [*EXPERIMENTS, "model_profile", "model_allreduce"]:
         path = results / "runs" / "test-machine" / f"{name}.jsonl"
         assert path.exists() and path.read_text().strip(), f"{name} recorded nothing"
         assert '"status": "failed"' not in path.read_text(), f"{name} has a failed config"
@@ -43,6 +43,33 @@ def test_each_analysis_script_writes_its_figure_and_table(smoke, name):
     if "median" in table:
         assert (table["median"] > 0).all() and (table["q25"] <= table["median"]).all()
         assert (table["median"] <= table["q75"]).all()
+
+
+@pytest.mark.timeout(900)
+def test_model_is_validated_against_every_measured_run(smoke):
+    results, stdout = smoke
+    table = pd.read_csv(results / "tables" / "model_validation.csv")
+    runs = sum(1 for name in EXPERIMENTS[1:] if name != "e6_convergence"
+               for line in (results / "runs" / "test-machine" / f"{name}.jsonl").read_text().splitlines()
+               if '"impl": "ddp_core' in line)
+    assert len(table) == runs  # every ddp_core run of E2-E7 predicted
+    assert (table["predicted_s"] > 0).all() and table["error"].notna().all()
+    assert (results / "figures" / "model_validation.png").stat().st_size > 10_000
+    assert not pd.read_csv(results / "tables" / "model_allreduce_fit.csv").empty
+    assert "model_extrapolation: no profiles of resnet50/bert-base; skipped" in stdout  # tiny models only
+
+
+def test_extrapolation_predicts_every_experiment_point():
+    from analysis.model_extrapolation import CAPS, WORLD_SIZES, predictions
+    from tests.test_perfmodel import MB, toy_profile
+
+    table = predictions({"resnet50": toy_profile(nbytes=(100 * MB, 100 * MB))})
+    assert len(table) == 2 * (len(WORLD_SIZES) + len(CAPS) + 4 + 3)  # both backends
+    e4 = table[(table["experiment"] == "E4") & (table["backend"] == "NCCL")].sort_values("world_size")
+    assert e4["predicted_s"].is_monotonic_increasing  # more GPUs, never faster per iteration
+    gloo, nccl = (table[(table["experiment"] == "E4") & (table["backend"] == b) & (table["world_size"] == 256)]
+                  ["predicted_s"].item() for b in ("Gloo", "NCCL"))
+    assert gloo > nccl
 
 
 @pytest.mark.timeout(900)

@@ -20,7 +20,7 @@ from .comm import PRESETS, CommModel, fit
 from .profile import PROFILE_KEYS, Profile, find_profile, profile_config
 from .simulate import Schedule, simulate
 
-DEFAULT_CAPS = "0,1,2,5,10,15,25,35,50,75,100,150,200"
+DEFAULT_CAPS = "0,1,5,10,25,50,100,200"  # the caps E3 measures, so that a recommendation can be checked
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +57,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
     for name in ("batch_size", "image_size", "seq_len", "threads"):
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int,
                             help="pick the profile with this value (default: the newest profile of the model)")
+    parser.add_argument("--compute-s", type=float, help="scale the profile so that one synchronised iteration computes "
+                        "for this many seconds (e.g. a CPU profile used for a GPU cluster: the GPU's time)")
     network = parser.add_mutually_exclusive_group(required=True)
     network.add_argument("--cluster", help=f"a cluster preset: {', '.join(PRESETS)}")
     network.add_argument("--allreduce", type=Path, help="all-reduce records to fit (file or folder) - this machine")
@@ -98,7 +100,12 @@ def chosen_profile(args: argparse.Namespace) -> Profile:
         raise ConfigError(f"--profile={str(args.profile)!r} holds no profile of --model={args.model!r}"
                           f"{' with ' + str(wanted) if wanted else ''}; it has: {', '.join(found) or 'none'} "
                           "(make one with `ddpbench profile`)")
-    return Profile.from_record(matches[-1])
+    profile = Profile.from_record(matches[-1])
+    if args.compute_s is None:
+        return profile
+    if not args.compute_s > 0:
+        raise ConfigError(f"--compute-s={args.compute_s} is not allowed; it must be > 0")
+    return profile.scaled(args.compute_s / profile.compute)
 
 
 def schedules(args: argparse.Namespace) -> list[Schedule]:

@@ -105,6 +105,18 @@ class Profile:
     buffer_bytes: int
     config: dict
 
+    @property
+    def compute(self) -> float:
+        """Seconds of computation in a synchronised iteration: forward, backward, tail, optimizer."""
+        return self.forward + self.backward + self.tail + self.optimizer
+
+    def scaled(self, factor: float) -> "Profile":
+        """The same model on a device `factor` times slower (< 1: faster): every time scaled alike."""
+        return dataclasses.replace(
+            self, forward=self.forward * factor, backward=self.backward * factor,
+            ready=tuple(t * factor for t in self.ready), tail=self.tail * factor, optimizer=self.optimizer * factor,
+            skipped_forward=self.skipped_forward * factor, skipped_backward=self.skipped_backward * factor)
+
     @classmethod
     def from_record(cls, record: dict) -> "Profile":
         """Summarise a profile record by medians over its iterations."""

@@ -1,0 +1,105 @@
+# %% [markdown]
+# # Model predictions for the paper's testbed (not measurements)
+# The paper measured up to 256 V100 GPUs; this script predicts E3, E4, E5 and E7 there with the
+# performance model, to set beside the paper's headline findings. Everything below is a model
+# prediction resting on stated assumptions:
+# - network: the presets `paper-v100-nccl` and `paper-v100-gloo` (experiments/perfmodel/comm.py says
+#   where each number comes from; the Gloo preset is an assumption, not a measurement);
+# - computation: this machine's one-process profile (which gradient is ready when, relative to the
+#   rest), scaled so that a synchronised iteration computes for the time a V100 would need at the
+#   paper's input sizes, estimated from FLOPs (table below): a rough estimate, not a measurement;
+# - GPUs: communication overlaps computation (its own streams), as on the paper's testbed.
+# With a GPU profile (`ddpbench profile` on the GPU), `ddpbench predict` needs no compute estimate.
+
+# %%
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.common import figure, machine, results_dir, save
+from experiments.perfmodel.comm import PRESETS
+from experiments.perfmodel.profile import Profile
+from experiments.perfmodel.simulate import Schedule, simulate
+from experiments.records import read_records
+
+V100_FP32_FLOPS = 15.7e12  # V100 SXM2 peak FP32 (NVIDIA datasheet)
+ACHIEVED = 0.4  # assumed share of peak a training step reaches
+# Training FLOPs per iteration, about 3x forward: ResNet50 4.1 GFLOPs per 224x224 image (forward),
+# batch 32; BERT-base 6 x 110 M parameters per token, 16 sequences of 128 tokens.
+TRAINING_FLOPS = {"resnet50": 3 * 4.1e9 * 32, "bert-base": 6 * 110e6 * 16 * 128}
+WORLD_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+CAPS = [0, 1, 2, 5, 10, 25, 50, 100, 200]
+BACKENDS = {"NCCL": "paper-v100-nccl", "Gloo": "paper-v100-gloo"}
+
+
+def v100_profiles() -> dict[str, Profile]:
+    """This machine's profiles of the paper's models, scaled to the estimated V100 compute time."""
+    folder = results_dir() / "runs" / machine()
+    records = [r for r in read_records(folder) if r.get("kind") == "profile" and r["status"] == "ok"] \
+        if folder.exists() else []
+    profiles = {}
+    for record in records:  # the newest profile of each model wins
+        if record["config"]["model"] in TRAINING_FLOPS:
+            profile = Profile.from_record(record)
+            seconds = TRAINING_FLOPS[profile.model] / (ACHIEVED * V100_FP32_FLOPS)
+            profiles[profile.model] = profile.scaled(seconds / profile.compute)
+    return profiles
+
+
+def predictions(profiles: dict[str, Profile]) -> pd.DataFrame:
+    """Every predicted point of the four experiments."""
+    rows = []
+
+    def add(experiment, model, backend, schedule):
+        prediction = simulate(profiles[model], PRESETS[BACKENDS[backend]], schedule)
+        rows.append({"experiment": experiment, "model": model, "backend": backend, "world_size": schedule.world_size,
+                     "bucket_mb": schedule.bucket_mb, "sync_every": schedule.sync_every,
+                     "process_groups": schedule.process_groups, "predicted_s": prediction.latency,
+                     "exposed_comm_s": prediction.breakdown["exposed_comm"]})
+
+    for model in profiles:
+        for backend in BACKENDS:
+            for ws in WORLD_SIZES:
+                add("E4", model, backend, Schedule(world_size=ws))
+            for cap in CAPS:
+                add("E3", model, backend, Schedule(world_size=32, bucket_mb=cap))
+            for n in (1, 2, 4, 8):
+                add("E5", model, backend, Schedule(world_size=256, sync_every=n))
+            for k in (1, 3, 5):
+                add("E7", model, backend, Schedule(world_size=32, process_groups=k))
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    """Predict, plot the four experiments, save the table."""
+    profiles = v100_profiles()
+    if not profiles:
+        save(None, pd.DataFrame(), "model_extrapolation", note="no profiles of resnet50/bert-base; skipped")
+        return
+    table = predictions(profiles)
+    fig, axes = figure("MODEL PREDICTIONS, not measurements: paper-v100 presets (NCCL from datasheets, Gloo "
+                       "assumed), compute estimated from FLOPs at 40% of V100 FP32 peak; see the script's header",
+                       ncols=4, width=4.2)
+    panels = [("E4", "world_size", "GPUs", "E4: throughput scaling efficiency"),
+              ("E3", "bucket_mb", "bucket cap MB (32 GPUs)", "E3: latency against bucket cap"),
+              ("E5", "sync_every", "reduce every n (256 GPUs)", "E5: mean latency per iteration"),
+              ("E7", "process_groups", "round-robin groups (32 GPUs)", "E7: latency against groups")]
+    for ax, (experiment, x, xlabel, title) in zip(axes, panels):
+        for (model, backend), group in table[table["experiment"] == experiment].groupby(["model", "backend"]):
+            group = group.sort_values(x)
+            y = group["predicted_s"]
+            if experiment == "E4":
+                y = y.iloc[0] / y  # throughput per GPU relative to one GPU
+            ax.plot(group[x], y, marker="o", label=f"{model}, {backend}")
+        ax.set(xlabel=xlabel, title=title, ylabel="efficiency" if experiment == "E4" else "predicted seconds")
+        if experiment in ("E4", "E3"):
+            ax.set_xscale("symlog" if experiment == "E3" else "log", base=2 if experiment == "E4" else 10)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    save(fig, table, "model_extrapolation")
+
+
+# %%
+if __name__ == "__main__":
+    main()
