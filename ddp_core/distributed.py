@@ -60,8 +60,11 @@ class DistributedDataParallel(nn.Module):
 
         _check_same_parameters(named, self.process_group)
         # Replicas start equal: everything rank 0 has, every rank gets.
-        _broadcast_from_rank0([p.detach() for p in module.parameters()], self.process_group)
-        _broadcast_from_rank0(list(module.buffers()), self.process_group)
+        _FlatBroadcast([p.detach() for p in module.parameters()], self.process_group)()
+        # Buffers are listed once, as PyTorch's DDP does (walking the module tree costs more than
+        # the broadcast's copies); buffers registered or replaced after wrapping are not broadcast.
+        self._buffer_broadcast = _FlatBroadcast(list(module.buffers()), self.process_group)
+        self._buffer_broadcast()
         self.reducer = Reducer(
             params=[p for _, p in named],
             names=[name for name, _ in named],
@@ -79,7 +82,7 @@ class DistributedDataParallel(nn.Module):
         self.reducer.maybe_rebuild_buckets()
         if self.broadcast_buffers:
             # BatchNorm statistics and the like: rank 0's are the truth (a sync point per forward).
-            _broadcast_from_rank0(list(self.module.buffers()), self.process_group)
+            self._buffer_broadcast()
         if self.device_ids:
             inputs, kwargs = _move_to(self.device_ids[0], (inputs, kwargs))
         output = self.module(*inputs, **kwargs)
@@ -164,20 +167,39 @@ def _check_same_parameters(named: list[tuple[str, torch.Tensor]], group: dist.Pr
         raise ValueError(f"ddp_core: the ranks hold different models ({detail})")
 
 
-@torch.no_grad()
-def _broadcast_from_rank0(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
-    """Copy rank 0's values into every rank's tensors, one flat broadcast per dtype and device."""
-    if dist.get_world_size(group) == 1 or not tensors:
-        return
-    by_kind: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        by_kind.setdefault((t.dtype, t.device), []).append(t)
-    src = dist.get_global_rank(group, 0)
-    for same_kind in by_kind.values():
-        flat = torch.cat([t.reshape(-1) for t in same_kind])
-        dist.broadcast(flat, src=src, group=group)
-        for t, chunk in zip(same_kind, flat.split([t.numel() for t in same_kind])):
-            t.copy_(chunk.view_as(t))
+class _FlatBroadcast:
+    """Copies rank 0's values into every rank's `tensors` when called: one broadcast per dtype and device.
+
+    Each kind of tensor has a persistent flat buffer, filled and emptied with one `_foreach_copy_`:
+    flattening anew, and a Python-level copy per tensor, cost more than the data for the ~160 small
+    BatchNorm buffers that ResNet50 broadcasts before every forward.
+    """
+
+    def __init__(self, tensors: list[torch.Tensor], group: dist.ProcessGroup):
+        self.group = group
+        self.src = dist.get_global_rank(group, 0)
+        self.is_src = dist.get_rank(group) == 0
+        self.single = dist.get_world_size(group) == 1
+        by_kind: dict[tuple, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_kind.setdefault((t.dtype, t.device), []).append(t)
+        self.kinds = []  # (tensors, flat buffer, views of the flat buffer shaped like the tensors)
+        for same_kind in by_kind.values():
+            numels = [t.numel() for t in same_kind]
+            flat = torch.empty(sum(numels), dtype=same_kind[0].dtype, device=same_kind[0].device)
+            views = [chunk.view_as(t) for chunk, t in zip(flat.split(numels), same_kind)]
+            self.kinds.append((same_kind, flat, views))
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        if self.single:
+            return
+        for tensors, flat, views in self.kinds:
+            if self.is_src:  # rank 0 sends its values and keeps them
+                torch._foreach_copy_(views, tensors)
+            dist.broadcast(flat, src=self.src, group=self.group)
+            if not self.is_src:
+                torch._foreach_copy_(tensors, views)
 
 
 def _tensors_in(value) -> Iterator[torch.Tensor]:
