@@ -1,31 +1,46 @@
 """`ddpbench ab BASE_REV [HEAD_REV]`: A/B two commits on this machine, in one job.
 
 Both revisions are checked out in temporary git worktrees that share the installed environment. A
-preset of configs runs on each, alternating A B A B over several rounds, so that drift of a shared,
-noisy machine hits both alike; then the records are compared (see compare.py). Exit status: 1 if
-HEAD is significantly slower than BASE by more than the threshold on any config, 0 otherwise.
+preset of configs runs on each, alternating A B, B A, ... over several rounds (one fresh run of each
+revision per round), so that drift of a shared, noisy machine hits both alike. Every record is tagged
+with its round, so that compare pairs BASE and NEW round by round (see compare.py and
+stats.paired_ratio). Exit status: 1 if HEAD is significantly slower than BASE by more than the
+threshold on any config, 0 otherwise, 2 on bad input or when a revision cannot run the preset.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from .compare import compare, format_table
+from .compare import MIN_PAIRED_ROUNDS, compare, format_table
 from .config import ConfigError
+from .records import SchemaError, append_record, read_records
 
-# preset -> `ddpbench run` arguments (without --out)
+# preset -> the `ddpbench run` arguments (without --out) and the default number of A/B rounds
 PRESETS = {
-    # tiny models: the whole A/B ends within a few minutes on 2 cores
-    "smoke": ["--model", "resnet-tiny,bert-tiny", "--world-size", "2", "--image-size", "16", "--seq-len", "16",
-              "--batch-size", "4", "--iters", "15", "--warmup", "3", "--threads", "1"],
+    # tiny models: the whole A/B ends within 5 minutes on 2 cores
+    "smoke": {"rounds": 8, "args": ["--model", "resnet-tiny,bert-tiny", "--world-size", "2", "--image-size", "16",
+                                    "--seq-len", "16", "--batch-size", "4", "--iters", "30", "--warmup", "5",
+                                    "--threads", "1"]},
+    # one tiny model and few iterations: for tests and for trying the tools, too short to trust
+    "quick": {"rounds": 3, "args": ["--model", "bert-tiny", "--world-size", "2", "--seq-len", "16", "--batch-size", "4",
+                                    "--iters", "10", "--warmup", "2", "--threads", "1"]},
     # the paper's models at the CPU input sizes of the main job
-    "paper-cpu": ["--model", "resnet50,bert-base", "--world-size", "2", "--image-size", "32", "--seq-len", "16",
-                  "--batch-size", "2", "--iters", "10", "--warmup", "3", "--threads", "1"],
+    "paper-cpu": {"rounds": 4, "args": ["--model", "resnet50,bert-base", "--world-size", "2", "--image-size", "32",
+                                        "--seq-len", "16", "--batch-size", "2", "--iters", "10", "--warmup", "3",
+                                        "--threads", "1"]},
 }
+
+
+QUIET = 0.2  # cores other processes may keep busy before ab calls the machine not quiet
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -36,58 +51,126 @@ def git(*args: str, cwd: Path) -> str:
     return done.stdout.strip()
 
 
+@contextlib.contextmanager
+def worktrees(repo: Path, commits: dict[str, str], parent: Path):
+    """Check out each commit in a detached worktree under `parent` (by name); remove them afterwards."""
+    trees: dict[str, Path] = {}
+    try:
+        for name, commit in commits.items():
+            git("worktree", "add", "--detach", str(parent / name), commit, cwd=repo)
+            trees[name] = parent / name
+        yield trees
+    finally:
+        for tree in trees.values():
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=repo, capture_output=True)
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """CPU seconds used so far by every process on the machine (/proc/stat) and by this process's
+    finished children; None where /proc/stat is missing."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK"), children.ru_utime + children.ru_stime
+
+
+def run_round(tree: Path, preset: str, out: Path, tag: dict) -> str | None:
+    """One run of the preset with the revision checked out in `tree` (same environment, its own code);
+    its successful records are appended to `out`, tagged with `"round": tag` plus `other_load`, the
+    cores that other processes kept busy meanwhile on average. None if it worked, else why not (exit
+    status and the end of its error output)."""
+    with tempfile.TemporaryDirectory(prefix="ddpbench-round-") as tmp:
+        raw = Path(tmp) / "round.jsonl"
+        command = [sys.executable, "-m", "experiments", "run", *PRESETS[preset]["args"], "--out", str(raw)]
+        before, started = cpu_seconds(), time.monotonic()
+        done = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        after, wall = cpu_seconds(), time.monotonic() - started
+        other = None if before is None else max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        if done.returncode != 0:
+            return f"`ddpbench run` exited with status {done.returncode}: {tail}"
+        try:
+            records = [r for r in read_records(raw) if r.get("status") == "ok"] if raw.exists() else []
+        except SchemaError as error:
+            return str(error)
+        if not records:
+            return f"`ddpbench run` recorded no successful config: {tail}"
+        for record in records:
+            append_record(out, {**record, "round": {**tag, "other_load": other}})
+    return None
+
+
+def other_load(files: list[Path]) -> dict | None:
+    """Mean and max over the runs of the cores other processes kept busy (see run_round)."""
+    loads = {(file, r["round"]["index"]): r["round"].get("other_load") for file in files for r in read_records(file)
+             if isinstance(r.get("round"), dict)}
+    values = [v for v in loads.values() if v is not None]
+    return {"mean": sum(values) / len(values), "max": max(values)} if values else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `ab` sub-command's options."""
     parser.add_argument("base_rev", help="the revision to compare against (e.g. HEAD~1, a tag, a hash)")
     parser.add_argument("head_rev", nargs="?", default="HEAD", help="the revision under test (default HEAD)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="smoke")
-    parser.add_argument("--rounds", type=int, default=4, help="A B rounds (default 4)")
+    parser.add_argument("--rounds", type=int, help="A/B rounds (default: the preset's, smoke 8, paper-cpu 4, quick 3)")
     parser.add_argument("--threshold", type=float, default=0.05)
     parser.add_argument("--confidence", type=float, default=0.99)
-    parser.add_argument("--keep", type=Path, help="keep the records in this folder (base.jsonl, head.jsonl)")
+    parser.add_argument("--keep", type=Path, help="keep the records in this new folder (base.jsonl, head.jsonl)")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1], help=argparse.SUPPRESS)
 
 
 def main(args: argparse.Namespace) -> int:
     """Check out both revisions, run the preset alternately, compare; 1 if HEAD is slower, 2 on bad input."""
+    rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
     try:
-        if args.rounds < 1:
-            raise ConfigError(f"--rounds={args.rounds} is not allowed; it must be >= 1")
+        if rounds < MIN_PAIRED_ROUNDS:
+            raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= {MIN_PAIRED_ROUNDS} (rounds are "
+                              "compared pairwise)")
+        if not 0 < args.threshold < 1:
+            raise ConfigError(f"--threshold={args.threshold} is not allowed; it must be between 0 and 1")
+        if not 0.5 < args.confidence < 1:
+            raise ConfigError(f"--confidence={args.confidence} is not allowed; it must be between 0.5 and 1")
+        if args.keep and any((args.keep / f"{name}.jsonl").exists() for name in ("base", "head")):
+            raise ConfigError(f"--keep={str(args.keep)!r} already holds records; choose a new folder")
         revisions = {name: git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=args.repo)
                      for name, rev in (("base", args.base_rev), ("head", args.head_rev))}
     except ConfigError as error:
         print(f"ddpbench ab: error: {error}", file=sys.stderr)
         return 2
+    session = f"ab-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ddpbench-ab-") as tmp:
-        tmp = Path(tmp)
-        out_dir = args.keep or tmp
+        out_dir = args.keep or Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
-        trees = {}
-        try:
-            for name, commit in revisions.items():
-                trees[name] = tmp / name
-                git("worktree", "add", "--detach", str(trees[name]), commit, cwd=args.repo)
-            for round_index in range(args.rounds):
-                order = ("base", "head") if round_index % 2 == 0 else ("head", "base")
-                for name in order:
-                    print(f"ab round {round_index + 1}/{args.rounds}: {name} ({revisions[name][:10]})", flush=True)
-                    status = _run_preset(trees[name], args.preset, out_dir / f"{name}.jsonl")
-                    if status != 0:
-                        print(f"ddpbench ab: the {name} revision failed to run the preset (status {status})",
-                              file=sys.stderr)
+        with worktrees(args.repo, revisions, Path(tmp)) as trees:
+            for index in range(rounds):
+                for name in ("base", "head") if index % 2 == 0 else ("head", "base"):
+                    print(f"ab round {index + 1}/{rounds}: {name} ({revisions[name][:10]})", file=sys.stderr,
+                          flush=True)
+                    error = run_round(trees[name], args.preset, out_dir / f"{name}.jsonl",
+                                      {"session": session, "index": index})
+                    if error:
+                        print(f"ddpbench ab: the {name} revision ({revisions[name][:10]}) cannot run the "
+                              f"{args.preset} preset: {error}", file=sys.stderr)
                         return 2
-        finally:
-            for tree in trees.values():
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=args.repo,
-                               capture_output=True)
         rows = compare(out_dir / "base.jsonl", out_dir / "head.jsonl", args.threshold, args.confidence)
-    print(f"base {args.base_rev} ({revisions['base'][:10]}) -> head {args.head_rev} ({revisions['head'][:10]})")
-    print(format_table(rows))
+        other = other_load([out_dir / "base.jsonl", out_dir / "head.jsonl"])
+    seconds = time.monotonic() - started
+    if args.json:
+        print(json.dumps({"base": revisions["base"], "head": revisions["head"], "preset": args.preset,
+                          "rounds": rounds, "seconds": seconds, "other_load": other, "rows": rows}, indent=1))
+    else:
+        print(f"base {args.base_rev} ({revisions['base'][:10]}) -> head {args.head_rev} ({revisions['head'][:10]}), "
+              f"{args.preset} preset, {rounds} rounds in {seconds:.0f} s")
+        print(format_table(rows))
+        if other:
+            noisy = "; the machine was not quiet, so the intervals are wider" if other["max"] > QUIET else ""
+            print(f"other processes kept {other['mean']:.2f} cores busy on average during the runs (at most "
+                  f"{other['max']:.2f}){noisy}")
     return 1 if any(row["verdict"] == "slower" for row in rows) else 0
-
-
-def _run_preset(tree: Path, preset: str, out: Path) -> int:
-    """One round of the preset with that revision's own code (same environment, its own PYTHONPATH)."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    command = [sys.executable, "-m", "experiments", "run", *PRESETS[preset], "--out", str(out)]
-    return subprocess.run(command, cwd=tree, env=env, stdout=subprocess.DEVNULL).returncode

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     perfmodel.add_model_arguments(sub.add_parser("tune-bucket", help="recommend a bucket cap (model)"), True)
     compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
     ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
+    from . import history
+
+    history.add_arguments(sub.add_parser("history", help="latency per commit, recorded and plotted"))
     return parser
 
 
@@ -99,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("predict", "tune-bucket"):
         return perfmodel.main(args)
+    if args.command == "history":
+        from . import history
+
+        return history.main(args)
     if args.command in ("compare", "ab"):
         return (compare if args.command == "compare" else ab).main(args)
     try:

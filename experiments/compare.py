@@ -1,9 +1,18 @@
 """`ddpbench compare BASE NEW`: did per-iteration latency change between two sets of records?
 
-Configs are matched by their resolved config; records of the same config (several rounds of an A/B
-run) pool their raw samples. For each config: the ratio of medians NEW/BASE with a bootstrap
-confidence interval (99% by default, as asv uses), and a verdict:
-- slower / faster: the whole interval lies beyond the threshold (default 5%) on that side;
+Configs are matched by their resolved config. For each config, the ratio NEW/BASE with a confidence
+interval (99% by default, as asv uses):
+- paired, when both sides hold the same rounds of one A/B session (records that `ab` and `history`
+  tag with `"round": {"session": ..., "index": ...}`, BASE and NEW run back to back in each round):
+  the geometric mean of the per-round ratios of medians, with a t interval over rounds
+  (stats.paired_ratio);
+- otherwise pooled: all records of the config pool their raw samples; the ratio of medians with a
+  bootstrap interval (stats.ratio_of_medians). That interval sees only the noise between iterations,
+  not the larger one between runs: compare single runs only from a quiet machine, or use `ab`.
+The verdict:
+- slower / faster: paired, as `asv compare` marks it: the ratio is beyond the threshold (default 5%)
+  and significant (the interval excludes 1); pooled, the whole interval lies beyond the threshold
+  (a margin for the noise between runs that a pooled interval does not see);
 - unchanged: the whole interval lies within the threshold;
 - not significant: anything else (too noisy to say).
 Exit status: 1 if any config is slower, 0 otherwise, 2 on bad input.
@@ -17,48 +26,68 @@ from pathlib import Path
 
 from .config import ConfigError
 from .records import SchemaError, config_key, read_records
-from .stats import ratio_of_medians
+from .stats import paired_ratio, ratio_of_medians
 
 MARKS = {"slower": "+", "faster": "-", "unchanged": " ", "not significant": "~"}
+MIN_PAIRED_ROUNDS = 3  # fewer shared rounds than this: pool the samples instead
 
 
-def pooled_samples(path: Path) -> dict[str, dict]:
-    """Successful run records by config key, with the latency samples of repeated records pooled."""
+def pooled_samples(path: Path | list[dict]) -> dict[str, dict]:
+    """Successful run records (a file, folder or list of records) by config key: the latency samples of
+    repeated records pooled, and each tagged round's samples under (session, index)."""
     pooled: dict[str, dict] = {}
-    for record in read_records(path):
+    for record in read_records(path) if isinstance(path, Path) else path:
         if record.get("kind") != "run" or record.get("status") != "ok":
             continue
-        entry = pooled.setdefault(config_key(record["config"]), {"config": record["config"], "samples": []})
+        entry = pooled.setdefault(config_key(record["config"]),
+                                  {"config": record["config"], "samples": [], "rounds": {}})
         entry["samples"].extend(record["latency_s"])
+        if isinstance(record.get("round"), dict):
+            tag = (record["round"]["session"], record["round"]["index"])
+            entry["rounds"].setdefault(tag, []).extend(record["latency_s"])
     return pooled
 
 
-def verdict(ci: list[float], threshold: float) -> str:
-    """Classify a confidence interval of NEW/BASE against the threshold."""
+def compare_samples(a: dict, b: dict, threshold: float, confidence: float) -> dict:
+    """One config's row from its BASE and NEW entries (see pooled_samples): paired when they share
+    enough rounds of one session, pooled otherwise."""
+    shared = sorted(set(a["rounds"]) & set(b["rounds"]))
+    if len(shared) >= MIN_PAIRED_ROUNDS:
+        r = paired_ratio([b["rounds"][t] for t in shared], [a["rounds"][t] for t in shared], confidence)
+        method = f"paired x{len(shared)}"
+    else:
+        r = ratio_of_medians(b["samples"], a["samples"], confidence=confidence)
+        method = "pooled"
+    return {"config": a["config"], "base_p50_s": _median(a["samples"]), "new_p50_s": _median(b["samples"]),
+            "ratio": r["ratio"], "ci": r["ci"], "confidence": confidence, "method": method,
+            "round_ratios": r.get("round_ratios"),
+            "n_base": len(a["samples"]), "n_new": len(b["samples"]),
+            "verdict": verdict(r["ratio"], r["ci"], threshold, paired=method != "pooled")}
+
+
+def verdict(ratio: float, ci: list[float], threshold: float, paired: bool) -> str:
+    """Classify a ratio NEW/BASE and its confidence interval against the threshold (see the top)."""
     low, high = ci
-    if low > 1 + threshold:
+    significant = (low > 1, high < 1) if paired else (low > 1 + threshold, high < 1 / (1 + threshold))
+    if ratio > 1 + threshold and significant[0]:
         return "slower"
-    if high < 1 / (1 + threshold):
+    if ratio < 1 / (1 + threshold) and significant[1]:
         return "faster"
     if low >= 1 / (1 + threshold) and high <= 1 + threshold:
         return "unchanged"
     return "not significant"
 
 
-def compare(base: Path, new: Path, threshold: float = 0.05, confidence: float = 0.99) -> list[dict]:
-    """One row per config present in both: medians, ratio, its interval and the verdict."""
+def compare(base: Path | list[dict], new: Path | list[dict], threshold: float = 0.05,
+            confidence: float = 0.99) -> list[dict]:
+    """One row per config present in both: medians, ratio, its interval, how it was paired, the verdict."""
     before, after = pooled_samples(base), pooled_samples(new)
     common = sorted(set(before) & set(after))
     if not common:
-        raise ConfigError(f"no successful run configs in common between {base} ({len(before)} configs) and "
-                          f"{new} ({len(after)} configs)")
-    rows = []
-    for key in common:
-        a, b = before[key]["samples"], after[key]["samples"]
-        r = ratio_of_medians(b, a, confidence=confidence)
-        rows.append({"config": before[key]["config"], "base_p50_s": _median(a), "new_p50_s": _median(b),
-                     "ratio": r["ratio"], "ci": r["ci"], "confidence": confidence,
-                     "n_base": len(a), "n_new": len(b), "verdict": verdict(r["ci"], threshold)})
+        names = [str(side) if isinstance(side, Path) else "the records" for side in (base, new)]
+        raise ConfigError(f"no successful run configs in common between {names[0]} ({len(before)} configs) and "
+                          f"{names[1]} ({len(after)} configs)")
+    rows = [compare_samples(before[key], after[key], threshold, confidence) for key in common]
     return sorted(rows, key=lambda row: -row["ratio"])
 
 
@@ -75,12 +104,13 @@ def describe(config: dict) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """An asv-compare-like table: mark, before, after, ratio [interval], config."""
-    lines = [f"{'':1} {'before':>10} {'after':>10} {'ratio':>7} {'interval':>17}  config"]
+    """An asv-compare-like table: mark, before, after, ratio [interval], method, config."""
+    lines = [f"{'':1} {'before':>10} {'after':>10} {'ratio':>7} {'interval':>17} {'method':>10}  config"]
     for row in rows:
         lines.append(f"{MARKS[row['verdict']]:1} {row['base_p50_s'] * 1e3:>8.2f}ms {row['new_p50_s'] * 1e3:>8.2f}ms "
-                     f"{row['ratio']:>7.3f} [{row['ci'][0]:.3f}, {row['ci'][1]:.3f}]  {describe(row['config'])}")
-    lines.append("marks: + slower, - faster, ~ not significant (interval straddles the threshold)")
+                     f"{row['ratio']:>7.3f} [{row['ci'][0]:.3f}, {row['ci'][1]:.3f}] {row['method']:>10}  "
+                     f"{describe(row['config'])}")
+    lines.append("marks: + slower, - faster, ~ not significant (too noisy to say); paired xN: over N A/B rounds")
     return "\n".join(lines)
 
 

@@ -1,10 +1,18 @@
-"""Statistics from raw samples: summaries of latency, and ratios of medians with confidence intervals."""
+"""Statistics from raw samples: summaries of latency, and ratios of medians with confidence intervals.
+
+Two ways to compare latencies of BASE and NEW:
+- `ratio_of_medians`: pooled samples, bootstrap interval; for unrelated record files.
+- `paired_ratio`: A/B rounds run back to back (one process start of each per round). Each round's
+  ratio median(NEW)/median(BASE) cancels what drifts between rounds (other load, clock, memory
+  placement), so the rounds' ratios vary much less than the pooled samples; their geometric mean
+  gets a Student t interval over rounds (a paired t-test on log medians).
+"""
 from __future__ import annotations
 
 import statistics
 
 import numpy as np
-from scipy.stats import bootstrap
+from scipy.stats import bootstrap, ttest_1samp
 
 
 def summarize(latency_s: list[float], samples_per_iteration: int) -> dict:
@@ -28,3 +36,15 @@ def ratio_of_medians(numerator: list[float], denominator: list[float], confidenc
     ).confidence_interval
     return {"ratio": statistics.median(numerator) / statistics.median(denominator),
             "ci": [float(ci.low), float(ci.high)], "confidence": confidence}
+
+
+def paired_ratio(numerator_rounds: list[list[float]], denominator_rounds: list[list[float]],
+                 confidence: float = 0.99) -> dict:
+    """Rounds paired by position: the geometric mean over rounds of median(numerator)/median(denominator),
+    with a t confidence interval on the log ratios (needs at least two rounds)."""
+    if len(numerator_rounds) != len(denominator_rounds) or len(numerator_rounds) < 2:
+        raise ValueError("paired_ratio needs the same number (>= 2) of numerator and denominator rounds")
+    logs = np.log([np.median(n) / np.median(d) for n, d in zip(numerator_rounds, denominator_rounds)])
+    ci = ttest_1samp(logs, 0.0).confidence_interval(confidence)
+    return {"ratio": float(np.exp(logs.mean())), "ci": [float(np.exp(ci.low)), float(np.exp(ci.high))],
+            "confidence": confidence, "round_ratios": np.exp(logs).tolist()}

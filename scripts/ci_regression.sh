@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Per-commit latency gate for CI: A/B this commit against its base on this machine, interleaved,
-# and fail (exit 1) when any config of the preset is significantly slower by more than the threshold.
+# Per-commit latency gate for CI: A/B this commit against its base on this machine, interleaved over
+# rounds and compared round by round, and fail (exit 1) when any config of the preset is significantly
+# slower by more than the threshold. Exit 2: bad input, or a revision that cannot run the preset.
 #
 #   scripts/ci_regression.sh [BASE_REV]
 #
 # BASE_REV defaults to the merge base with origin/main, or HEAD~1 on main itself.
-# DDPBENCH_AB_PRESET (smoke | paper-cpu) and DDPBENCH_AB_ROUNDS choose the work; smoke is the default.
+# DDPBENCH_AB_PRESET (smoke | paper-cpu | quick) and DDPBENCH_AB_ROUNDS choose the work (default: smoke
+# with its own number of rounds); DDPBENCH_AB_THRESHOLD the relative slowdown that counts (0.05).
+# DDPBENCH_AB_KEEP: a new folder to keep the records in (e.g. for the CI job's artifacts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base="${1:-}"
@@ -15,4 +18,6 @@ fi
 if [ "$(git rev-parse "$base")" = "$(git rev-parse HEAD)" ]; then
   base=$(git rev-parse HEAD~1)
 fi
-exec ./ddpbench ab "$base" HEAD --preset "${DDPBENCH_AB_PRESET:-smoke}" --rounds "${DDPBENCH_AB_ROUNDS:-4}"
+exec ./ddpbench ab "$base" HEAD --preset "${DDPBENCH_AB_PRESET:-smoke}" \
+  ${DDPBENCH_AB_ROUNDS:+--rounds "$DDPBENCH_AB_ROUNDS"} --threshold "${DDPBENCH_AB_THRESHOLD:-0.05}" \
+  ${DDPBENCH_AB_KEEP:+--keep "$DDPBENCH_AB_KEEP"}

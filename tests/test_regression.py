@@ -1,4 +1,5 @@
-"""Regression testing: compare's verdicts and exit codes, and A/B of real revisions in a throwaway repo."""
+"""Regression testing: compare's verdicts (pooled and paired by round) and exit codes, A/B and history of
+real revisions in a throwaway repo."""
 import json
 import shutil
 import subprocess
@@ -6,22 +7,27 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from experiments.cli import main
-from experiments.records import append_record
+from experiments import history
+from experiments.compare import compare
+from experiments.records import append_record, machine_name, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_runs(path: Path, medians: dict[float, float], n: int = 40, noise: float = 0.02, seed: int = 0) -> None:
+def write_runs(path: Path, medians: dict[float, float], n: int = 40, noise: float = 0.02, seed: int = 0,
+               tag: dict | None = None) -> None:
     """Records whose latency samples are drawn around the given medians (one config per bucket cap)."""
     rng = np.random.default_rng(seed)
     for bucket_mb, median in medians.items():
         config = {"model": "resnet-tiny", "impl": "ddp_core", "backend": "gloo", "device": "cpu", "world_size": 2,
                   "bucket_mb": bucket_mb, "sync_every": 1, "process_groups": 1, "comm_hook": "none"}
         samples = (median * (1 + noise * rng.standard_normal(n))).tolist()
-        append_record(path, {"kind": "run", "status": "ok", "config": config, "latency_s": samples})
+        append_record(path, {"kind": "run", "status": "ok", "config": config, "latency_s": samples,
+                             **({"round": tag} if tag else {})})
 
 
 def test_compare_flags_a_real_slowdown_and_nothing_else(tmp_path, capsys):
@@ -55,10 +61,38 @@ def test_compare_bad_input_exits_2_with_the_reason(tmp_path, capsys):
     assert "--threshold=2.0 is not allowed" in capsys.readouterr().err
 
 
+def test_paired_rounds_flag_a_10_percent_slowdown_that_drift_hides_from_pooled_samples(tmp_path):
+    # Six A/B rounds; the machine drifts by up to 30% between rounds, alike for A and B within a round.
+    drift = [1.0, 1.3, 0.75, 1.2, 0.85, 1.1]
+    for name, slowdown in (("same", 1.0), ("slow", 1.10)):
+        for index, d in enumerate(drift):
+            tag = {"session": "s", "index": index}
+            write_runs(tmp_path / f"base-{name}.jsonl", {1.0: 0.1 * d}, noise=0.05, seed=2 * index, tag=tag)
+            write_runs(tmp_path / f"new-{name}.jsonl", {1.0: 0.1 * d * slowdown}, noise=0.05, seed=2 * index + 1,
+                       tag=tag)
+    [slow] = compare(tmp_path / "base-slow.jsonl", tmp_path / "new-slow.jsonl")
+    assert slow["method"] == "paired x6" and slow["verdict"] == "slower", slow
+    assert slow["ratio"] == pytest.approx(1.10, abs=0.02)
+    [same] = compare(tmp_path / "base-same.jsonl", tmp_path / "new-same.jsonl")
+    assert same["verdict"] == "unchanged", same
+    # The same samples without their rounds: pooled, the drift between rounds widens the interval.
+    untagged = [[{k: v for k, v in r.items() if k != "round"} for r in read_records(tmp_path / f"{side}-slow.jsonl")]
+                for side in ("base", "new")]
+    [pooled] = compare(*untagged)
+    assert pooled["method"] == "pooled"
+    assert pooled["ci"][1] - pooled["ci"][0] > 2 * (slow["ci"][1] - slow["ci"][0]), (pooled, slow)
+    # Rounds of different sessions were not run back to back: never paired.
+    other = tmp_path / "other-session.jsonl"
+    for index in range(6):
+        write_runs(other, {1.0: 0.1}, seed=index, tag={"session": "t", "index": index})
+    assert compare(tmp_path / "base-slow.jsonl", other)[0]["method"] == "pooled"
+
+
 def _scratch_repo(tmp_path: Path) -> Path:
-    """A git repository holding this project's tracked files, committed once."""
+    """A git repository holding this project's files (as in the working tree, new ones included), committed once."""
     repo = tmp_path / "repo"
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
     for name in files:
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         if (ROOT / name).is_file():
@@ -70,9 +104,24 @@ def _scratch_repo(tmp_path: Path) -> Path:
     return repo
 
 
+def _commit(repo: Path, message: str) -> str:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", message], cwd=repo,
+                   check=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+
+def _slow_down(repo: Path, seconds: float) -> None:
+    """Sleep `seconds` in every iteration, in ddp_core's end-of-backward callback once the all-reduces
+    are complete (as benchmarks/ab_validation.py does)."""
+    reducer = repo / "ddp_core" / "reducer.py"
+    anchor = "        self._write_back(used)\n"
+    assert reducer.read_text().count(anchor) == 1
+    reducer.write_text(reducer.read_text().replace(anchor, f"        __import__('time').sleep({seconds})\n" + anchor))
+
+
 def _ab(repo: Path, base: str, head: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "experiments", "ab", base, head, "--preset", "smoke",
-                           "--rounds", "2", "--repo", str(repo)],
+    return subprocess.run([sys.executable, "-m", "experiments", "ab", base, head, "--preset", "quick",
+                           "--rounds", "3", "--repo", str(repo)],
                           cwd=repo, capture_output=True, text=True, timeout=600)
 
 
@@ -81,14 +130,56 @@ def test_ab_stays_quiet_on_identical_code_and_flags_a_slowed_commit(tmp_path):
     repo = _scratch_repo(tmp_path)
     same = _ab(repo, "HEAD", "HEAD")
     assert same.returncode == 0, same.stdout + same.stderr
-    # A throwaway commit that slows the measured path: 20 ms in the backward pass of every iteration.
-    reducer = repo / "ddp_core" / "reducer.py"
-    text = reducer.read_text()
-    text = text.replace("    def _finish_backward(self) -> None:\n",
-                        "    def _finish_backward(self) -> None:\n        __import__('time').sleep(0.02)\n", 1)
-    reducer.write_text(text)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "slow"], cwd=repo,
-                   check=True)
+    # A throwaway commit that slows the measured path: 200 ms in the backward pass of every iteration
+    # (far beyond the noise: with 3 rounds, the t interval is wide).
+    _slow_down(repo, 0.2)
+    _commit(repo, "slow")
     slowed = _ab(repo, "HEAD~1", "HEAD")
     assert slowed.returncode == 1, slowed.stdout + slowed.stderr
     assert "+" in slowed.stdout.split("ratio", 1)[1]
+
+
+@pytest.mark.timeout(600)
+def test_history_records_plots_and_skips_what_is_recorded(tmp_path, monkeypatch, capsys):
+    repo = _scratch_repo(tmp_path)
+    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    _slow_down(repo, 0.05)
+    slow = _commit(repo, "slow")
+    (repo / "experiments" / "__main__.py").unlink()  # a commit whose runner cannot run
+    broken = _commit(repo, "broken")
+    results = tmp_path / "results"
+    # The base commit, then the range after it (A..B leaves A out), as a user would list them.
+    argv = ["history", "HEAD~2", "HEAD~2..HEAD", "--preset", "quick", "--rounds", "3", "--repo", str(repo),
+            "--results", str(results)]
+    assert main(argv) == 0
+    folder = results / "history" / machine_name() / "quick"
+    closing = {c: history.closing_record(folder / f"{c}.jsonl") for c in (base, slow, broken)}
+    assert [closing[c]["status"] for c in (base, slow, broken)] == ["ok", "ok", "failed"]
+    assert "exited with status" in closing[broken]["error"]
+    runs = [r for r in read_records(folder / f"{slow}.jsonl") if r["kind"] == "run"]
+    assert len(runs) == 3 and runs[0]["env"]["git_commit"] == slow and runs[0]["round"]["index"] == 0
+    figure = results / "figures" / f"history-{machine_name()}-quick.png"
+    assert figure.stat().st_size > 0
+    table = pd.read_csv(results / "tables" / f"history-{machine_name()}-quick.csv", dtype={"commit": str})
+    [row] = table[table["commit"] == slow[:10]].to_dict("records")
+    assert row["method"] == "paired x3" and row["ratio"] > 1.2  # against the base commit
+    assert list(table[table["commit"] == broken[:10]]["status"]) == ["failed"]
+    # Everything is recorded now: a second call measures nothing and only redraws.
+    monkeypatch.setattr(history, "run_round", lambda *a: pytest.fail("measured a recorded commit"))
+    before = {c: (folder / f"{c}.jsonl").read_bytes() for c in (base, slow, broken)}
+    figure.unlink()
+    assert main(argv) == 0
+    assert before == {c: (folder / f"{c}.jsonl").read_bytes() for c in (base, slow, broken)}
+    assert figure.exists()
+
+
+def test_history_bad_revisions_exit_2_with_the_reason(tmp_path, capsys):
+    repo = _scratch_repo(tmp_path)
+    for revisions, message in ((["nosuch..HEAD"], "revision range 'nosuch..HEAD' is not valid"),
+                               (["HEAD..HEAD"], "revision range 'HEAD..HEAD' selects no commits"),
+                               (["nosuch"], "revision 'nosuch' is not a commit")):
+        assert main(["history", *revisions, "--repo", str(repo), "--results", str(tmp_path / "r")]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["history", "HEAD", "--rounds", "0", "--repo", str(repo)]) == 2
+    assert "--rounds=0 is not allowed" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
