@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.records import load_records, machine_name  # noqa: E402
+from experiments.stats import cycle_means  # noqa: E402,F401  (the analysis scripts use it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ["forward", "backward", "exposed_comm", "optimizer"]
@@ -65,14 +66,6 @@ def measured(experiment: str, kind: str = "run") -> pd.DataFrame | None:
         save(None, frame, experiment, note="no records; skipped")
         return None
     return with_spread(frame)
-
-
-def cycle_means(samples: list[float], n: int) -> list[float]:
-    """Average latency of each cycle of n iterations (n-1 skipped synchronisations, then one): what an
-    iteration costs on average under reduce-every-n. The median of single iterations would only show
-    the cheap, unsynchronised ones."""
-    whole = len(samples) // n * n
-    return [float(np.mean(samples[i:i + n])) for i in range(0, whole, n)]
 
 
 def with_spread(frame: pd.DataFrame, column: str = "latency_s") -> pd.DataFrame:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .compare import MIN_PAIRED_ROUNDS, compare, format_table
+from .compare import MIN_PAIRED_ROUNDS, check_verdict_options, compare, format_table
 from .config import ConfigError
 from .records import SchemaError, append_record, read_records
 
@@ -132,10 +132,7 @@ def main(args: argparse.Namespace) -> int:
         if rounds < MIN_PAIRED_ROUNDS:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= {MIN_PAIRED_ROUNDS} (rounds are "
                               "compared pairwise)")
-        if not 0 < args.threshold < 1:
-            raise ConfigError(f"--threshold={args.threshold} is not allowed; it must be between 0 and 1")
-        if not 0.5 < args.confidence < 1:
-            raise ConfigError(f"--confidence={args.confidence} is not allowed; it must be between 0.5 and 1")
+        check_verdict_options(args.threshold, args.confidence)
         if args.keep and any((args.keep / f"{name}.jsonl").exists() for name in ("base", "head")):
             raise ConfigError(f"--keep={str(args.keep)!r} already holds records; choose a new folder")
         revisions = {name: git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=args.repo)

@@ -123,13 +123,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
 
 
+def check_verdict_options(threshold: float, confidence: float) -> None:
+    """Raise ConfigError unless --threshold and --confidence are usable (compare, ab and history share them)."""
+    if not 0 < threshold < 1:
+        raise ConfigError(f"--threshold={threshold} is not allowed; it must be between 0 and 1")
+    if not 0.5 < confidence < 1:
+        raise ConfigError(f"--confidence={confidence} is not allowed; it must be between 0.5 and 1")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the comparison; 1 if anything is slower, 2 on bad input."""
     try:
-        if not 0 < args.threshold < 1:
-            raise ConfigError(f"--threshold={args.threshold} is not allowed; it must be between 0 and 1")
-        if not 0.5 < args.confidence < 1:
-            raise ConfigError(f"--confidence={args.confidence} is not allowed; it must be between 0.5 and 1")
+        check_verdict_options(args.threshold, args.confidence)
         for name in ("base", "new"):
             if not getattr(args, name).exists():
                 raise ConfigError(f"{name}: {str(getattr(args, name))!r} does not exist")

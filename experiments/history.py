@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .ab import PRESETS, git, run_round, worktrees
-from .compare import MARKS, compare, describe, pooled_samples
+from .compare import MARKS, check_verdict_options, compare, describe, pooled_samples
 from .config import ConfigError
 from .records import append_record, machine_name, read_records
 
@@ -192,8 +192,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         if rounds < 1:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= 1")
-        if not 0 < args.threshold < 1:
-            raise ConfigError(f"--threshold={args.threshold} is not allowed; it must be between 0 and 1")
+        check_verdict_options(args.threshold, args.confidence)
         commits = resolve(args.revisions, args.repo)
     except ConfigError as error:
         print(f"ddpbench history: error: {error}", file=sys.stderr)

@@ -38,6 +38,14 @@ def ratio_of_medians(numerator: list[float], denominator: list[float], confidenc
             "ci": [float(ci.low), float(ci.high)], "confidence": confidence}
 
 
+def cycle_means(samples: list[float], n: int) -> list[float]:
+    """Average latency of each whole cycle of n iterations (n-1 skipped synchronisations, then one):
+    what an iteration costs on average under reduce-every-n. The median of single iterations would only
+    show the cheap, unsynchronised ones."""
+    whole = len(samples) // n * n
+    return [float(np.mean(samples[i:i + n])) for i in range(0, whole, n)]
+
+
 def paired_ratio(numerator_rounds: list[list[float]], denominator_rounds: list[list[float]],
                  confidence: float = 0.99) -> dict:
     """Rounds paired by position: the geometric mean over rounds of median(numerator)/median(denominator),

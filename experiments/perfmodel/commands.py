@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..config import ConfigError, RunConfig, default_backend_and_device, expand_grid, parse_ints, parse_list
 from ..records import read_records
+from ..stats import cycle_means
 from .comm import PRESETS, CommModel, fit
 from .profile import PROFILE_KEYS, Profile, find_profile, profile_config
 from .simulate import Schedule, simulate
@@ -189,9 +190,7 @@ def main(args: argparse.Namespace) -> int:
 def measured_latency(record: dict) -> float:
     """A run record's latency as the model predicts it: the median, or for reduce-every-n the median
     of the mean over each cycle of n iterations."""
-    n, samples = record["config"]["sync_every"], record["latency_s"]
-    cycles = [statistics.fmean(samples[i:i + n]) for i in range(0, len(samples) // n * n, n)]
-    return statistics.median(cycles)
+    return statistics.median(cycle_means(record["latency_s"], record["config"]["sync_every"]))
 
 
 def validate(runs: Path, backend: str = "gloo", device: str = "cpu") -> list[dict]:
