@@ -179,9 +179,8 @@ class _FlatBroadcast:
         self.group = group
         self.src = dist.get_global_rank(group, 0)
         self.is_src = dist.get_rank(group) == 0
-        self.single = dist.get_world_size(group) == 1
         by_kind: dict[tuple, list[torch.Tensor]] = {}
-        for t in tensors:
+        for t in tensors if dist.get_world_size(group) > 1 else []:  # alone: nothing to send, no buffers
             by_kind.setdefault((t.dtype, t.device), []).append(t)
         self.kinds = []  # (tensors, flat buffer, views of the flat buffer shaped like the tensors)
         for same_kind in by_kind.values():
@@ -192,8 +191,6 @@ class _FlatBroadcast:
 
     @torch.no_grad()
     def __call__(self) -> None:
-        if self.single:
-            return
         for tensors, flat, views in self.kinds:
             if self.is_src:  # rank 0 sends its values and keeps them
                 torch._foreach_copy_(views, tensors)
