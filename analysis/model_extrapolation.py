@@ -38,8 +38,8 @@ def v100_profiles() -> dict[str, Profile]:
     records = [r for r in read_records(folder) if r.get("kind") == "profile" and r["status"] == "ok"] \
         if folder.exists() else []
     profiles = {}
-    for record in records:  # the newest profile of each model wins
-        if record["config"]["model"] in TRAINING_FLOPS:
+    for record in records:  # the newest one-process profile of each model wins (one GPU per rank on the cluster)
+        if record["config"]["model"] in TRAINING_FLOPS and record["config"]["world_size"] == 1:
             profile = Profile.from_record(record)
             seconds = TRAINING_FLOPS[profile.model] / (ACHIEVED * V100_FP32_FLOPS)
             profiles[profile.model] = profile.scaled(seconds / profile.compute)

@@ -1,9 +1,10 @@
 # %% [markdown]
 # # The performance model against this machine
 # The all-reduce model is fitted to the all-reduce records only (E1 and the denser size sweep); the
-# compute profile comes from one process (`ddpbench profile`). Neither ever sees a training run. Every
-# ddp_core training run measured here is then predicted and compared: median and worst absolute
-# error. Finally the bucket cap the model recommends is checked against the caps E3 measured.
+# compute profile comes from `ddpbench profile`: one process alone for world size 1, and for world size
+# 2 two independent one-process copies at once, as the two ranks of a run share this host's two cores
+# (`--colocated`). Neither ever sees a training run. Every ddp_core training run measured here is then
+# predicted and compared: median and worst absolute error. Finally the bucket cap the model recommends is checked against the caps E3 measured.
 
 # %%
 from __future__ import annotations

@@ -91,14 +91,14 @@ def rank_device(rank: int, device_type: str) -> torch.device:
     return device
 
 
-def wrap(model: torch.nn.Module, config: RunConfig, device: torch.device) -> torch.nn.Module:
-    """Wrap `model` in the DDP implementation the config names."""
+def wrap(model: torch.nn.Module, config: RunConfig, device: torch.device, group=None) -> torch.nn.Module:
+    """Wrap `model` in the DDP implementation the config names (over `group`, default: all ranks)."""
     device_ids = [device] if device.type == "cuda" else None
     hook = HOOKS.get(config.comm_hook)
     if config.impl == "torch":
-        ddp = TorchDDP(model, device_ids=device_ids, bucket_cap_mb=config.bucket_mb)
+        ddp = TorchDDP(model, device_ids=device_ids, process_group=group, bucket_cap_mb=config.bucket_mb)
     else:
-        groups = ddp_core.new_round_robin_groups(config.process_groups) if config.process_groups > 1 else None
+        groups = ddp_core.new_round_robin_groups(config.process_groups) if config.process_groups > 1 else group
         ddp = ddp_core.DistributedDataParallel(model, device_ids=device_ids, process_group=groups,
                                                bucket_cap_mb=config.bucket_mb, overlap=config.impl == "ddp_core")
     if hook is not None:
@@ -139,14 +139,14 @@ class Trainee:
     batch: dict
 
 
-def build(rank: int, config: RunConfig) -> Trainee:
-    """Build this rank's model, wrapper, optimizer and synthetic batch (the same batch every iteration,
-    so that making data never counts as training time)."""
+def build(rank: int, config: RunConfig, group=None) -> Trainee:
+    """Build this rank's model, wrapper (over `group`, default: all ranks), optimizer and synthetic
+    batch (the same batch every iteration, so that making data never counts as training time)."""
     device = rank_device(rank, config.device)
     torch.manual_seed(config.seed)
     family = workload(config.model)
     model = family.MODELS[config.model]().to(device)
-    ddp = wrap(model, config, device)
+    ddp = wrap(model, config, device, group)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     batch = {k: v.to(device) for k, v in

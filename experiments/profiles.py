@@ -73,8 +73,9 @@ def commands(profile: str, gpus: int) -> dict[str, list[str]]:
                            "--sync-every", "1,2,4,8", *train],
         "e7_round_robin": ["run", *common, "--world-size", widest, "--process-groups", "1,3,5"],
         # The performance model's inputs (issue 5): a one-process profile and a dense all-reduce sweep.
+        # On a CPU the ranks of a run share this host's cores: profile as many copies at once as a run has ranks.
         "model_profile": ["profile", "--device", device, "--model", models, *inputs, *iters,
-                          *([] if gpus else ["--threads", "1"])],
+                          *([] if gpus else ["--threads", "1", "--colocated", world_sizes])],
         "model_allreduce": ["allreduce", "--mode", "size", "--backend", backends, "--device", device, "--world-size",
                             widest, "--sizes", sizes, *(allreduce[-4:] if profile == "smoke" else ["--reps", "10"])],
     }

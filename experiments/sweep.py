@@ -29,10 +29,21 @@ from .records import append_record, config_key, environment, recorded_keys
 from .stats import summarize
 
 
+def slowest_rank_per_cycle(per_rank: list[list[float]], sync_every: int) -> list[float]:
+    """The job's per-iteration seconds: in each cycle of `sync_every` iterations, those of the rank
+    whose cycle took longest. Ranks meet only at a cycle's synchronised end; with n = 1 this is the
+    slowest rank of each iteration. For n > 1 the slowest rank of each iteration would count a lag
+    twice: in the lagging rank's skipped iterations, and again as the other ranks' wait at the sync."""
+    latency: list[float] = []
+    for start in range(0, len(per_rank[0]), sync_every):
+        latency += max((seconds[start:start + sync_every] for seconds in per_rank), key=sum)
+    return latency
+
+
 def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
-    """Combine every rank's raw samples into one record: the slowest rank sets each iteration's latency."""
+    """Combine every rank's raw samples into one record: the slowest rank sets each cycle's latency."""
     iterations = list(zip(*(r["iterations"] for r in per_rank)))
-    latency = [max(it["latency"] for it in per_rank_its) for per_rank_its in iterations]
+    latency = slowest_rank_per_cycle([[it["latency"] for it in r["iterations"]] for r in per_rank], config.sync_every)
     breakdown = {}
     for phase in PHASES:
         per_iteration = [[it["phases"][phase] for it in its] for its in iterations]

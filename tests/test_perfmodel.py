@@ -7,7 +7,7 @@ import pytest
 from experiments.cli import main
 from experiments.perfmodel.comm import PRESETS, CommModel, Link, fit
 from experiments.perfmodel.commands import recommend
-from experiments.perfmodel.profile import Profile
+from experiments.perfmodel.profile import Profile, find_profile
 from experiments.perfmodel.simulate import Schedule, buckets_of, simulate
 
 MB = 1024 * 1024
@@ -125,20 +125,34 @@ def test_recommend_prefers_the_smaller_cap_among_near_ties():
 def tiny_profile(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "profile.jsonl"
     status = main(["profile", "--model", "resnet-tiny", "--image-size", "16", "--batch-size", "2", "--iters", "3",
-                   "--warmup", "1", "--out", str(out)])
+                   "--warmup", "1", "--colocated", "1,2", "--out", str(out)])
     assert status == 0
     return out
 
 
 @pytest.mark.timeout(180)
 def test_profile_records_every_gradient_in_arrival_order(tiny_profile):
-    (record,) = [json.loads(line) for line in tiny_profile.read_text().splitlines()]
-    assert record["kind"] == "profile" and record["config"]["world_size"] == 1
-    assert len(record["names"]) == len(record["bytes"]) == 38 and len(record["synced"]) == 3
-    for row in record["synced"]:
-        assert all(0 < t <= row["backward"] for t in row["ready"])
-        # backward runs from the loss to the input: the classifier's gradient comes before the first conv's
-        assert row["ready"][record["names"].index("fc.weight")] < row["ready"][record["names"].index("conv1.weight")]
+    alone, colocated = [json.loads(line) for line in tiny_profile.read_text().splitlines()]
+    assert alone["kind"] == colocated["kind"] == "profile"
+    assert alone["config"]["world_size"] == 1 and alone["other_copies"] == []
+    # two copies at once: the slowest one's samples, both copies' medians, the other's raw samples
+    assert colocated["config"]["world_size"] == 2 and len(colocated["other_copies"]) == 1
+    assert colocated["summary"]["p50"] == max(colocated["summary"]["copies_p50"])
+    for record in (alone, colocated):
+        assert len(record["names"]) == len(record["bytes"]) == 38 and len(record["synced"]) == 3
+        for row in record["synced"]:
+            assert all(0 < t <= row["backward"] for t in row["ready"])
+            # backward runs from the loss to the input: the classifier's gradient comes before the first conv's
+            assert row["ready"][record["names"].index("fc.weight")] < row["ready"][record["names"].index("conv1.weight")]
+
+
+def test_a_run_uses_the_profile_colocated_as_its_ranks_else_the_one_process_profile(tiny_profile):
+    records = [json.loads(line) for line in tiny_profile.read_text().splitlines()]
+    config = {**records[0]["config"], "world_size": 2}
+    assert find_profile(records, config).config["world_size"] == 2
+    assert find_profile(records, {**config, "world_size": 3}).config["world_size"] == 1
+    assert find_profile(records[1:], {**config, "world_size": 1}) is None
+    assert find_profile(records, {**config, "batch_size": 3}) is None
 
 
 @pytest.mark.timeout(180)
@@ -149,14 +163,17 @@ def test_predict_and_tune_bucket_print_json(tiny_profile, capsys):
     assert len(rows) == 4
     assert all(row["latency_ms"] > 0 for row in rows)
     assert main(["tune-bucket", "--profile", str(tiny_profile), "--model", "resnet-tiny", "--cluster",
-                 "paper-v100-gloo", "--world-size", "32", "--json"]) == 0
+                 "paper-v100-gloo", "--world-size", "32", "--colocated", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert result["profile"]["world_size"] == 2
     assert result["recommended_bucket_mb"] in [row["bucket_mb"] for row in result["predictions"]]
 
 
 @pytest.mark.parametrize("argv, needle", [
     (["--model", "resnet-tiny", "--cluster", "dgx-a100"], "--cluster='dgx-a100' is unknown; choose one of paper-v100"),
     (["--model", "bert-base", "--cluster", "paper-v100-nccl"], "holds no profile of --model='bert-base'"),
+    (["--model", "resnet-tiny", "--cluster", "paper-v100-nccl", "--colocated", "3"], "with --colocated=3; it has: "
+     "resnet-tiny (colocated 1), resnet-tiny (colocated 2)"),
     (["--model", "resnet-tiny", "--cluster", "paper-v100-nccl", "--bucket-mb", "-5"], "--bucket-mb=-5 is not allowed"),
     (["--model", "resnet-tiny", "--cluster", "paper-v100-nccl", "--overlap", "maybe"], "--overlap: 'maybe' is not"),
     (["--model", "resnet-tiny", "--allreduce", "/nonexistent"], "--allreduce='/nonexistent': no record file"),

@@ -13,7 +13,7 @@ import pytest
 from experiments.cli import main
 from experiments.config import ConfigError, RunConfig, expand_grid, validate
 from experiments.records import SchemaError, append_record, load_records, read_records
-from experiments.sweep import run_jobs
+from experiments.sweep import run_jobs, slowest_rank_per_cycle
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "resnet-tiny", "--image-size", "16", "--batch-size", "2", "--iters", "3", "--warmup", "1"]
@@ -76,6 +76,13 @@ def test_records_round_trip_into_a_dataframe_and_refuse_unknown_versions(tmp_pat
 
 
 @pytest.mark.timeout(300)
+def test_a_cycle_of_skipped_iterations_takes_as_long_as_its_slowest_rank():
+    # rank 1 lags in the skipped iterations; rank 0 waits for it at the synchronised third one
+    rank0, rank1 = [0.1, 0.1, 0.55], [0.2, 0.2, 0.4]
+    assert slowest_rank_per_cycle([rank0, rank1], 3) == rank1  # 0.8 s per cycle, not 0.2 + 0.2 + 0.55
+    assert slowest_rank_per_cycle([rank0, rank1], 1) == [0.2, 0.2, 0.55]
+
+
 def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys):
     out, trace = tmp_path / "r.jsonl", tmp_path / "trace"
     argv = ["run", *TINY, "--world-size", "2", "--impl", "ddp_core,torch", "--sync-every", "1,3",

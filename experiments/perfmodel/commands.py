@@ -1,6 +1,7 @@
 """`ddpbench profile | predict | tune-bucket`, and `validate`, which the analysis scripts call.
 
     ddpbench profile --model resnet50,bert-base --image-size 32 --seq-len 16 --batch-size 2 --out P.jsonl
+    ddpbench profile --model resnet50 --colocated 1,2 --out P.jsonl    # also as 2 ranks sharing this host
     ddpbench predict --profile P.jsonl --model resnet50 --cluster paper-v100-nccl --world-size 8,32,256
     ddpbench predict --profile P.jsonl --model resnet50 --allreduce results/runs/<machine> --world-size 2
     ddpbench tune-bucket --profile P.jsonl --model bert-base --cluster paper-v100-nccl --world-size 32
@@ -14,7 +15,8 @@ import json
 import statistics
 from pathlib import Path
 
-from ..config import ConfigError, RunConfig, default_backend_and_device, expand_grid, parse_ints, parse_list
+from ..config import (ConfigError, RunConfig, default_backend_and_device, expand_grid, parse_ints, parse_list,
+                      validate_backend)
 from ..records import read_records
 from ..stats import cycle_means
 from .comm import PRESETS, CommModel, fit
@@ -29,18 +31,25 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("model", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device"):
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="LIST",
                             help=f"comma-separated; default {getattr(RunConfig(), name)!r}")
+    parser.add_argument("--colocated", default="1", metavar="LIST",
+                        help="comma-separated; profile N independent copies at once, as N ranks sharing this host "
+                        "compute (default 1: one process alone)")
 
 
 def resolve(args: argparse.Namespace) -> list[RunConfig]:
-    """The world-size-1 configs to profile, validated."""
+    """The configs to profile (world size = co-located copies, each a world of one), validated."""
     _, default_device = default_backend_and_device()
     lists = {name: parse_list(name, getattr(args, name)) for name in
              ("model", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device")
              if getattr(args, name) is not None}
     lists.setdefault("device", [default_device])
     lists.setdefault("threads", [1])  # as the main job's runs: one compute thread per rank
-    configs = [profile_config(c) for c in expand_grid({**lists, "world_size": [1]})]
-    return [dataclasses.replace(c, backend="nccl" if c.device == "cuda" else "gloo") for c in configs]
+    colocated = parse_ints("colocated", args.colocated, 1)
+    configs = [dataclasses.replace(profile_config(c, n), backend="nccl" if c.device == "cuda" else "gloo")
+               for c in expand_grid({**lists, "world_size": [1]}) for n in colocated]
+    for config in configs:  # co-located GPU copies need a GPU each
+        validate_backend(config.backend, config.device, config.world_size)
+    return configs
 
 
 def run(configs: list[RunConfig], args: argparse.Namespace) -> dict:
@@ -58,6 +67,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
     for name in ("batch_size", "image_size", "seq_len", "threads"):
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int,
                             help="pick the profile with this value (default: the newest profile of the model)")
+    parser.add_argument("--colocated", type=int, default=1,
+                        help="pick the profile measured as this many co-located copies (default 1: a process alone; "
+                        "on a shared host, the world size)")
     parser.add_argument("--compute-s", type=float, help="scale the profile so that one synchronised iteration computes "
                         "for this many seconds (e.g. a CPU profile used for a GPU cluster: the GPU's time)")
     network = parser.add_mutually_exclusive_group(required=True)
@@ -87,20 +99,22 @@ def comm_model(args: argparse.Namespace) -> CommModel:
 
 
 def chosen_profile(args: argparse.Namespace) -> Profile:
-    """The newest profile of --model (narrowed by any input options given)."""
+    """The newest profile of --model measured as --colocated copies (narrowed by any input options given)."""
     try:
         records = read_records(args.profile)
     except FileNotFoundError as error:
         raise ConfigError(f"--profile: {error}") from None
-    wanted = {k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len", "threads")
+    wanted = {k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len", "threads", "colocated")
               if getattr(args, k) is not None}
+    wanted["world_size"] = wanted.pop("colocated")  # a profile's world size is its count of co-located copies
     matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok"
                and r["config"]["model"] == args.model and all(r["config"][k] == v for k, v in wanted.items())]
     if not matches:
-        found = sorted({r["config"]["model"] for r in records if r.get("kind") == "profile"})
-        raise ConfigError(f"--profile={str(args.profile)!r} holds no profile of --model={args.model!r}"
-                          f"{' with ' + str(wanted) if wanted else ''}; it has: {', '.join(found) or 'none'} "
-                          "(make one with `ddpbench profile`)")
+        found = sorted({f"{r['config']['model']} (colocated {r['config']['world_size']})"
+                        for r in records if r.get("kind") == "profile"})
+        asked = ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in wanted.items()).replace("world-size", "colocated")
+        raise ConfigError(f"--profile={str(args.profile)!r} holds no profile of --model={args.model!r} with {asked}; "
+                          f"it has: {', '.join(found) or 'none'} (make one with `ddpbench profile`)")
     profile = Profile.from_record(matches[-1])
     if args.compute_s is None:
         return profile

@@ -6,13 +6,21 @@ moment each gradient is in its bucket; with the forward, backward, tail (waiting
 and optimizer times, and every gradient's size, that is all the simulation needs. Iterations under
 `no_sync()` (skip-sync, E5) are measured separately: their backward neither copies nor reduces.
 Raw samples are kept; the model uses their medians.
+
+Ranks that share a host (several CPU ranks on one machine) compete for its cores, caches and memory
+bandwidth, so one rank computes more slowly than a process alone does. A profile can therefore run
+as N co-located copies at once (`--colocated N`, stored as the record's world_size): N independent
+processes, each a world of one, profiling together; the record keeps the slowest copy's samples,
+since a synchronised job runs at its slowest rank's pace, and every copy's median.
 """
 from __future__ import annotations
 
 import dataclasses
 import statistics
 from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
 
 from ..config import RunConfig
 from ..harness import Clock, build, train_step
@@ -39,16 +47,17 @@ class ReadyTimes:
         """Nothing to mark: backward() returns right after this."""
 
 
-def profile_config(config: RunConfig) -> RunConfig:
-    """The world-size-1 config that profiles `config`'s model, inputs and threads."""
-    return dataclasses.replace(config, world_size=1, impl="ddp_core_no_overlap", bucket_mb=25.0, sync_every=1,
+def profile_config(config: RunConfig, colocated: int = 1) -> RunConfig:
+    """The config that profiles `config`'s model, inputs and threads in `colocated` processes at once."""
+    return dataclasses.replace(config, world_size=colocated, impl="ddp_core_no_overlap", bucket_mb=25.0, sync_every=1,
                                process_groups=1, comm_hook="none")
 
 
 def measure(rank: int, world_size: int, config_fields: dict) -> dict:
-    """On the single rank: warm up, then time `iters` synchronised and `iters` no_sync iterations."""
+    """On each copy, a world of one: warm up, then time `iters` synchronised and `iters` no_sync iterations."""
     config = RunConfig(**config_fields)
-    t = build(rank, config)
+    alone = dist.new_subgroups(group_size=1)[0] if world_size > 1 else None  # each copy reduces only with itself
+    t = build(rank, config, alone)
     clock = Clock(t.device)
     t.ddp.reducer.observer = ReadyTimes(clock)
     n_params = len(t.ddp.reducer.params)
@@ -78,14 +87,24 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     }
 
 
+PHASES = ("forward", "backward", "tail", "optimizer")
+
+
+def _p50(result: dict) -> float:
+    """A copy's median synchronised iteration."""
+    return statistics.median(sum(row[phase] for phase in PHASES) for row in result["synced"])
+
+
 def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
-    """The profile record: raw samples per iteration, and the gradients' names, sizes and dtypes."""
-    (result,) = per_rank
-    phases = ("forward", "backward", "tail", "optimizer")
-    summary = {phase: statistics.median(row[phase] for row in result["synced"]) for phase in phases}
-    summary["p50"] = statistics.median(sum(row[phase] for phase in phases) for row in result["synced"])
+    """The profile record: the slowest copy's raw samples per iteration, the gradients' names, sizes
+    and dtypes, every copy's median, and the other copies' raw samples."""
+    slowest = max(range(len(per_rank)), key=lambda rank: _p50(per_rank[rank]))
+    result = per_rank[slowest]
+    summary = {phase: statistics.median(row[phase] for row in result["synced"]) for phase in PHASES}
+    summary.update(p50=_p50(result), copies_p50=[_p50(r) for r in per_rank])
+    others = [{k: r[k] for k in ("synced", "skipped")} for rank, r in enumerate(per_rank) if rank != slowest]
     return {"kind": "profile", "status": "ok", "config": dataclasses.asdict(config), "summary": summary, **result,
-            "timing": {"config_wall_s": wall_s}}
+            "slowest_copy": slowest, "other_copies": others, "timing": {"config_wall_s": wall_s}}
 
 
 @dataclass(frozen=True)
@@ -138,7 +157,12 @@ PROFILE_KEYS = ("model", "device", "batch_size", "image_size", "seq_len", "threa
 
 
 def find_profile(records: list[dict], config: dict) -> Profile | None:
-    """The newest profile among `records` whose model, inputs, device and threads match `config`."""
+    """The newest profile among `records` whose model, inputs, device and threads match `config`:
+    one measured with as many co-located copies as `config` has ranks, else a one-copy profile."""
     matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok"
                and all(r["config"][k] == config[k] for k in PROFILE_KEYS)]
-    return Profile.from_record(matches[-1]) if matches else None
+    for copies in (config["world_size"], 1):
+        same = [r for r in matches if r["config"]["world_size"] == copies]
+        if same:
+            return Profile.from_record(same[-1])
+    return None
