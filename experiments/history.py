@@ -68,16 +68,18 @@ def resolve(revisions: list[str], repo: Path) -> list[str]:
     return commits
 
 
-def closing_record(path: Path) -> dict | None:
-    """The record that marks a commit's file as complete, or None."""
+def closing_record(path: Path, preset: str) -> dict | None:
+    """The record that marks a commit's file as complete with the preset as it is defined now, or None
+    (a preset whose arguments changed since measures something else: that commit is measured again)."""
     if not path.exists():
         return None
-    return next((r for r in read_records(path) if r.get("kind") == "history"), None)
+    closing = next((r for r in read_records(path) if r.get("kind") == "history"), None)
+    return closing if closing is not None and closing.get("args") == PRESETS[preset]["args"] else None
 
 
 def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Path) -> None:
     """Run the preset on every commit that has no complete record yet, interleaved over rounds."""
-    pending = [c for c in commits if closing_record(folder / f"{c}.jsonl") is None]
+    pending = [c for c in commits if closing_record(folder / f"{c}.jsonl", preset) is None]
     if not pending:
         return
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,16 +103,18 @@ def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Pa
     for commit in pending:
         append_record(folder / f"{commit}.jsonl", {
             "kind": "history", "status": "failed" if commit in failed else "ok", "commit": commit,
-            "preset": preset, "rounds": rounds, "session": session, "error": failed.get(commit)})
+            "preset": preset, "args": PRESETS[preset]["args"], "rounds": rounds, "session": session,
+            "error": failed.get(commit)})
 
 
-def table_rows(commits: list[str], folder: Path, repo: Path, threshold: float, confidence: float) -> list[dict]:
+def table_rows(commits: list[str], folder: Path, repo: Path, preset: str, threshold: float,
+               confidence: float) -> list[dict]:
     """Per commit and config: median latency with its quartiles, and the verdict against the previous
     successfully measured commit (compare's statistics: paired when measured in one session)."""
     rows, previous = [], None
     for commit in commits:
         path = folder / f"{commit}.jsonl"
-        closing = closing_record(path) or {"status": "missing", "error": "not measured"}
+        closing = closing_record(path, preset) or {"status": "missing", "error": "not measured with this preset"}
         base = {"commit": commit[:10], "subject": git("log", "-1", "--format=%s", commit, cwd=repo)[:60],
                 "status": closing["status"]}
         if closing["status"] != "ok":
@@ -200,7 +204,7 @@ def main(args: argparse.Namespace) -> int:
     machine = machine_name()
     folder = args.results / "history" / machine / args.preset
     measure(commits, folder, args.preset, rounds, args.repo)
-    rows = table_rows(commits, folder, args.repo, args.threshold, args.confidence)
+    rows = table_rows(commits, folder, args.repo, args.preset, args.threshold, args.confidence)
     suffix = "" if args.preset == "smoke" else f"-{args.preset}"
     table = args.results / "tables" / f"history-{machine}{suffix}.csv"
     figure = args.results / "figures" / f"history-{machine}{suffix}.png"

@@ -153,7 +153,7 @@ def test_history_records_plots_and_skips_what_is_recorded(tmp_path, monkeypatch,
             "--results", str(results)]
     assert main(argv) == 0
     folder = results / "history" / machine_name() / "quick"
-    closing = {c: history.closing_record(folder / f"{c}.jsonl") for c in (base, slow, broken)}
+    closing = {c: history.closing_record(folder / f"{c}.jsonl", "quick") for c in (base, slow, broken)}
     assert [closing[c]["status"] for c in (base, slow, broken)] == ["ok", "ok", "failed"]
     assert "exited with status" in closing[broken]["error"]
     runs = [r for r in read_records(folder / f"{slow}.jsonl") if r["kind"] == "run"]
@@ -171,6 +171,10 @@ def test_history_records_plots_and_skips_what_is_recorded(tmp_path, monkeypatch,
     assert main(argv) == 0
     assert before == {c: (folder / f"{c}.jsonl").read_bytes() for c in (base, slow, broken)}
     assert figure.exists()
+    # Once the preset's arguments change, those records measure something else: they no longer count.
+    changed = {**history.PRESETS["quick"], "args": [*history.PRESETS["quick"]["args"], "--seed", "1"]}
+    monkeypatch.setitem(history.PRESETS, "quick", changed)
+    assert history.closing_record(folder / f"{base}.jsonl", "quick") is None
 
 
 def test_history_bad_revisions_exit_2_with_the_reason(tmp_path, capsys):
