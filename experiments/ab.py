@@ -26,8 +26,9 @@ from .records import SchemaError, append_record, read_records
 
 # preset -> the `ddpbench run` arguments (without --out) and the default number of A/B rounds
 PRESETS = {
-    # tiny models: the whole A/B ends within 5 minutes on 2 cores. Sequence length 64, not 16: at 16,
-    # bert-tiny's 10 ms iteration moved its median by up to 30% from one process to the next; at 64, 1%.
+    # tiny models: the whole A/B ends within 5 minutes on 2 cores. Sequence length 64, not 16: run alone,
+    # bert-tiny's median moved by up to 30% from one process to the next at 16, by 1% at 64 (after
+    # resnet-tiny in the same processes it still moves by 10-25%; see the README's validation).
     "smoke": {"rounds": 8, "args": ["--model", "resnet-tiny,bert-tiny", "--world-size", "2", "--image-size", "16",
                                     "--seq-len", "64", "--batch-size", "4", "--iters", "30", "--warmup", "5",
                                     "--threads", "1"]},
