@@ -156,8 +156,10 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path):
     # Long enough configs (several seconds each) that the interrupt surely lands mid-sweep.
     argv = [sys.executable, "-m", "experiments", "run", *TINY, "--iters", "150", "--bucket-mb", "0,1,2,3,25",
             "--out", str(out)]
+    # SIGINT back to its default in the child: a suite started as a background job inherits it ignored,
+    # and Python then installs no Ctrl-C handler at all.
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not out.exists() or not out.read_text().strip()):
         time.sleep(0.5)
