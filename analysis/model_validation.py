@@ -4,7 +4,8 @@
 # compute profile comes from `ddpbench profile`: one process alone for world size 1, and for world size
 # 2 two independent one-process copies at once, as the two ranks of a run share this host's two cores
 # (`--colocated`). Neither ever sees a training run. Every ddp_core training run measured here is then
-# predicted and compared: median and worst absolute error. Finally the bucket cap the model recommends is checked against the caps E3 measured.
+# predicted and compared: median and worst absolute error. Finally the bucket cap the model recommends
+# is checked against the caps E3 measured.
 
 # %%
 from __future__ import annotations

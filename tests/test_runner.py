@@ -75,7 +75,6 @@ def test_records_round_trip_into_a_dataframe_and_refuse_unknown_versions(tmp_pat
         read_records(bad)
 
 
-@pytest.mark.timeout(300)
 def test_a_cycle_of_skipped_iterations_takes_as_long_as_its_slowest_rank():
     # rank 1 lags in the skipped iterations; rank 0 waits for it at the synchronised third one
     rank0, rank1 = [0.1, 0.1, 0.55], [0.2, 0.2, 0.4]
@@ -83,6 +82,7 @@ def test_a_cycle_of_skipped_iterations_takes_as_long_as_its_slowest_rank():
     assert slowest_rank_per_cycle([rank0, rank1], 1) == [0.2, 0.2, 0.55]
 
 
+@pytest.mark.timeout(300)
 def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys):
     out, trace = tmp_path / "r.jsonl", tmp_path / "trace"
     argv = ["run", *TINY, "--world-size", "2", "--impl", "ddp_core,torch", "--sync-every", "1,3",

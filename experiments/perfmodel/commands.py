@@ -104,15 +104,16 @@ def chosen_profile(args: argparse.Namespace) -> Profile:
         records = read_records(args.profile)
     except FileNotFoundError as error:
         raise ConfigError(f"--profile: {error}") from None
-    wanted = {k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len", "threads", "colocated")
-              if getattr(args, k) is not None}
-    wanted["world_size"] = wanted.pop("colocated")  # a profile's world size is its count of co-located copies
+    flags = {k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len", "threads", "colocated")
+             if getattr(args, k) is not None}
+    # a profile's world size is its count of co-located copies
+    wanted = {("world_size" if k == "colocated" else k): v for k, v in flags.items()}
     matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok"
                and r["config"]["model"] == args.model and all(r["config"][k] == v for k, v in wanted.items())]
     if not matches:
         found = sorted({f"{r['config']['model']} (colocated {r['config']['world_size']})"
                         for r in records if r.get("kind") == "profile"})
-        asked = ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in wanted.items()).replace("world-size", "colocated")
+        asked = ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in flags.items())
         raise ConfigError(f"--profile={str(args.profile)!r} holds no profile of --model={args.model!r} with {asked}; "
                           f"it has: {', '.join(found) or 'none'} (make one with `ddpbench profile`)")
     profile = Profile.from_record(matches[-1])
