@@ -4,8 +4,13 @@ Every implementation trains its own copy of the model in the same processes; the
 iteration at a time (A B C D E, then B C D E A, ...), so that drift of a shared, noisy machine hits all
 of them alike and neighbouring samples of one implementation are not correlated by it.
 An iteration's latency is the slowest rank's. Also times the pass that copies all gradients out of their
-buckets (what bucket views save). Writes raw samples, medians and ratios (with bootstrap 95% confidence
-intervals) as one JSON file.
+buckets (what bucket views save).
+
+Each model is measured in several launches, each in fresh rank processes: how fast one implementation
+runs also depends on where its memory landed in those processes (by a few percent for BERT-base), which
+no number of rounds within one launch averages out. A ratio is the geometric mean over launches of each
+launch's ratio of medians, with a Student t 95% interval over launches. Writes raw samples (per launch),
+medians and ratios as one JSON file.
 
     python benchmarks/ddp_core_vs_torch.py --out results/benchmarks/ddp_core_vs_torch-cpu.json
 """
@@ -27,7 +32,7 @@ from ddp_core import DistributedDataParallel  # noqa: E402
 from experiments.harness import slowest_per_iteration  # noqa: E402
 from experiments.launch import run_ranks  # noqa: E402
 from experiments.records import environment  # noqa: E402
-from experiments.stats import ratio_of_medians  # noqa: E402
+from experiments.stats import paired_ratio  # noqa: E402
 from experiments.workloads import workload  # noqa: E402
 
 # name -> (wrapper, keyword arguments)
@@ -112,7 +117,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,bert-base")
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--launches", type=int, default=4, help="fresh sets of rank processes per model (>= 2)")
+    parser.add_argument("--rounds", type=int, default=25, help="rounds per launch")
     parser.add_argument("--iters", type=int, default=1, help="measured iterations per implementation per round")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=25)
@@ -127,6 +133,8 @@ def main() -> None:
     for flag in ("world_size", "rounds", "iters", "threads"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.launches < 2:
+        parser.error(f"--launches must be >= 2 (the interval is taken over launches), got {args.launches}")
     models = args.models.split(",")
     for model in models:
         workload(model)  # unknown names fail here, before any process starts
@@ -136,18 +144,21 @@ def main() -> None:
     for model in models:
         model_args = argparse.Namespace(**vars(args), model=model,
                                         batch_size=args.resnet_batch if model.startswith("resnet") else args.bert_batch)
-        samples = run_ranks(measure, args.world_size, args=(model_args,), threads=args.threads,
-                            timeout=args.timeout)[0]
-        medians = {name: statistics.median(s) for name, s in samples.items()}
-        ratios = {f"{a}/{b}": {**ratio_of_medians(samples[a], samples[b]), "goal": goal} for a, b, goal in RATIOS}
+        launches = [run_ranks(measure, args.world_size, args=(model_args,), threads=args.threads,
+                              timeout=args.timeout)[0] for _ in range(args.launches)]
+        samples = {name: [launch[name] for launch in launches] for name in launches[0]}  # name -> launch -> samples
+        medians = {name: statistics.median(x for launch in s for x in launch) for name, s in samples.items()}
+        ratios = {f"{a}/{b}": {**paired_ratio(samples[a], samples[b], confidence=0.95), "goal": goal}
+                  for a, b, goal in RATIOS}
         report["models"][model] = {"batch_size": model_args.batch_size, "samples_s": samples,
                                    "median_s": medians, "ratios": ratios}
         print(f"{model}: " + ", ".join(f"{n} {m:.3f} s" for n, m in medians.items()))
         for key, r in ratios.items():
             goal = f" (goal {r['goal']})" if r["goal"] else ""
-            print(f"  {key}: {r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]{goal}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+            per_launch = " ".join(f"{x:.3f}" for x in r["round_ratios"])
+            print(f"  {key}: {r['ratio']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]{goal}; launches: {per_launch}")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")  # after each model: keep what is measured
     print(f"wrote {args.out}")
 
 

@@ -67,8 +67,11 @@ def read_records(path: Path | str) -> list[dict]:
 
 
 def load_records(path: Path | str, kind: str = "run"):
-    """Records of one kind as a pandas DataFrame: config fields as columns, plus summary and breakdown."""
+    """Records of one kind as a pandas DataFrame: config fields as columns, plus the summary and each
+    phase's median (`forward_s`, `backward_s`, ...; see stats.phase_medians)."""
     import pandas as pd
+
+    from .stats import phase_medians  # numpy and scipy: only for readers that analyse
 
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} is unknown; choose one of {', '.join(KINDS)}")
@@ -79,7 +82,9 @@ def load_records(path: Path | str, kind: str = "run"):
         row = {**record.get("config", {}), "status": record["status"]}
         row.update({f"{k}": v for k, v in record.items() if k not in ("config", "summary", "breakdown_s", "env")})
         row.update({f"summary_{k}": v for k, v in (record.get("summary") or {}).items()})
-        row.update({f"{k}_s": v for k, v in (record.get("breakdown_s") or {}).items()})
+        if record.get("phases_s"):  # derived from the raw samples, so that old records follow the same rule
+            medians = phase_medians(record["phases_s"], record["config"].get("sync_every", 1))
+            row.update({f"{phase}_s": v for phase, v in medians.items()})
         row.update({f"env_{k}": v for k, v in (record.get("env") or {}).items()})
         rows.append(row)
     return pd.DataFrame(rows)

@@ -38,6 +38,34 @@ def ratio_of_medians(numerator: list[float], denominator: list[float], confidenc
             "ci": [float(ci.low), float(ci.high)], "confidence": confidence}
 
 
+def slowest_rank_per_cycle(per_rank: list[list[float]], sync_every: int) -> list[int]:
+    """For each iteration, the rank whose cycle of `sync_every` iterations took longest: that rank sets the
+    job's latency. Ranks meet only at a cycle's synchronised end; with n = 1 this is the slowest rank of
+    each iteration. For n > 1 the slowest rank of each iteration would count a lag twice: in the lagging
+    rank's skipped iterations, and again as the other ranks' wait at the sync."""
+    ranks: list[int] = []
+    for start in range(0, len(per_rank[0]), sync_every):
+        cycle = slice(start, start + sync_every)
+        slowest = max(range(len(per_rank)), key=lambda rank: sum(per_rank[rank][cycle]))
+        ranks += [slowest] * len(per_rank[slowest][cycle])
+    return ranks
+
+
+def phase_medians(phases_s: dict[str, list[list[float | None]]], sync_every: int) -> dict[str, float | None]:
+    """Median seconds of each phase (`phases_s`: phase -> rank -> iteration), each iteration's taken from
+    the rank that set its latency, so the phases add up to it. (The maximum over ranks per phase would
+    count one rank's lag in compute again as the other ranks' wait for communication.) A phase that is
+    not measured (None) has no median."""
+    per_rank = [[sum(phases_s[p][rank][i] or 0.0 for p in phases_s) for i in range(len(iterations))]
+                for rank, iterations in enumerate(next(iter(phases_s.values())))]
+    chosen = slowest_rank_per_cycle(per_rank, sync_every)
+    medians = {}
+    for phase, ranks in phases_s.items():
+        values = [ranks[rank][i] for i, rank in enumerate(chosen) if ranks[rank][i] is not None]
+        medians[phase] = statistics.median(values) if values else None
+    return medians
+
+
 def cycle_means(samples: list[float], n: int) -> list[float]:
     """Average latency of each whole cycle of n iterations (n-1 skipped synchronisations, then one):
     what an iteration costs on average under reduce-every-n. The median of single iterations would only

@@ -13,7 +13,6 @@ import hashlib
 import itertools
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,29 +25,15 @@ from .config import RunConfig
 from .harness import PHASES, measure
 from .launch import RankFailed, RankPool, RanksTimedOut
 from .records import append_record, config_key, environment, recorded_keys
-from .stats import summarize
-
-
-def slowest_rank_per_cycle(per_rank: list[list[float]], sync_every: int) -> list[float]:
-    """The job's per-iteration seconds: in each cycle of `sync_every` iterations, those of the rank
-    whose cycle took longest. Ranks meet only at a cycle's synchronised end; with n = 1 this is the
-    slowest rank of each iteration. For n > 1 the slowest rank of each iteration would count a lag
-    twice: in the lagging rank's skipped iterations, and again as the other ranks' wait at the sync."""
-    latency: list[float] = []
-    for start in range(0, len(per_rank[0]), sync_every):
-        latency += max((seconds[start:start + sync_every] for seconds in per_rank), key=sum)
-    return latency
+from .stats import slowest_rank_per_cycle, summarize
 
 
 def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
-    """Combine every rank's raw samples into one record: the slowest rank sets each cycle's latency."""
-    iterations = list(zip(*(r["iterations"] for r in per_rank)))
-    latency = slowest_rank_per_cycle([[it["latency"] for it in r["iterations"]] for r in per_rank], config.sync_every)
-    breakdown = {}
-    for phase in PHASES:
-        per_iteration = [[it["phases"][phase] for it in its] for its in iterations]
-        slowest = [max(values) for values in per_iteration if None not in values]
-        breakdown[phase] = statistics.median(slowest) if slowest else None
+    """Combine every rank's raw samples into one record: the slowest rank sets each cycle's latency
+    (the breakdown into phases is derived from the raw `phases_s` when records are loaded)."""
+    per_rank_latency = [[it["latency"] for it in r["iterations"]] for r in per_rank]
+    setting = slowest_rank_per_cycle(per_rank_latency, config.sync_every)
+    latency = [per_rank_latency[rank][i] for i, rank in enumerate(setting)]
     digests = [r["digest"] for r in per_rank]
     wrong = [r["rank"] for r in per_rank if r["digest"] != digests[0]]
     return {
@@ -57,7 +42,6 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
         "config": dataclasses.asdict(config),
         "latency_s": latency,
         "summary": summarize(latency, config.batch_size * config.world_size),
-        "breakdown_s": breakdown,
         "phases_s": {p: [[it["phases"][p] for it in r["iterations"]] for r in per_rank] for p in PHASES},
         "buckets": [r["timeline"]["buckets"] if r["timeline"] else None for r in per_rank],
         "correct": not wrong,

@@ -13,7 +13,8 @@ import pytest
 from experiments.cli import main
 from experiments.config import ConfigError, RunConfig, expand_grid, validate
 from experiments.records import SchemaError, append_record, load_records, read_records
-from experiments.sweep import run_jobs, slowest_rank_per_cycle
+from experiments.stats import phase_medians, slowest_rank_per_cycle
+from experiments.sweep import run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "resnet-tiny", "--image-size", "16", "--batch-size", "2", "--iters", "3", "--warmup", "1"]
@@ -59,12 +60,13 @@ def test_nccl_world_size_above_gpu_count_is_rejected():
 def test_records_round_trip_into_a_dataframe_and_refuse_unknown_versions(tmp_path):
     path = tmp_path / "r.jsonl"
     record = {"kind": "run", "status": "ok", "config": {"model": "m", "bucket_mb": 1.0},
-              "summary": {"p50": 0.5}, "breakdown_s": {"forward": 0.1}, "env": {"host": "h"}}
+              "summary": {"p50": 0.5}, "phases_s": {"forward": [[0.1, 0.3]], "optimizer": [[0.2, 0.2]]},
+              "env": {"host": "h"}}
     append_record(path, record)
     append_record(path, {**record, "config": {"model": "m", "bucket_mb": 2.0}})
     frame = load_records(path)
     assert list(frame["bucket_mb"]) == [1.0, 2.0]
-    assert list(frame["summary_p50"]) == [0.5, 0.5] and list(frame["forward_s"]) == [0.1, 0.1]
+    assert list(frame["summary_p50"]) == [0.5, 0.5] and list(frame["forward_s"]) == [0.2, 0.2]
     with open(path, "a") as f:
         f.write('{"schema_version": 1, "kind": "run", "sta')  # a torn last line
     with pytest.warns(UserWarning, match="torn last line"):
@@ -78,8 +80,21 @@ def test_records_round_trip_into_a_dataframe_and_refuse_unknown_versions(tmp_pat
 def test_a_cycle_of_skipped_iterations_takes_as_long_as_its_slowest_rank():
     # rank 1 lags in the skipped iterations; rank 0 waits for it at the synchronised third one
     rank0, rank1 = [0.1, 0.1, 0.55], [0.2, 0.2, 0.4]
-    assert slowest_rank_per_cycle([rank0, rank1], 3) == rank1  # 0.8 s per cycle, not 0.2 + 0.2 + 0.55
-    assert slowest_rank_per_cycle([rank0, rank1], 1) == [0.2, 0.2, 0.55]
+    assert slowest_rank_per_cycle([rank0, rank1], 3) == [1, 1, 1]  # 0.8 s per cycle, not 0.2 + 0.2 + 0.55
+    assert slowest_rank_per_cycle([rank0, rank1], 1) == [1, 1, 0]
+    assert slowest_rank_per_cycle([rank0[:2], rank1[:2]], 3) == [1, 1]  # a last, incomplete cycle
+
+
+def test_phase_medians_come_from_the_rank_that_set_each_iteration():
+    # phase -> rank -> iteration. Iteration 0: rank 1 computes slowly (0.7 s in all) and rank 0 waits for
+    # it in exposed_comm (0.65 s); iteration 1: the reverse.
+    phases = {"forward": [[0.1, 0.1], [0.1, 0.1]], "backward": [[0.2, 0.5], [0.5, 0.2]],
+              "exposed_comm": [[0.3, 0.0], [0.0, 0.3]], "optimizer": [[0.05, 0.1], [0.1, 0.05]]}
+    medians = phase_medians(phases, 1)
+    assert medians["backward"] == pytest.approx(0.5) and medians["exposed_comm"] == pytest.approx(0.0)
+    assert sum(medians.values()) == pytest.approx(0.7)  # the maximum per phase would add up to 1.0
+    torch_like = dict(phases, exposed_comm=[[None, None], [None, None]])
+    assert phase_medians(torch_like, 1)["exposed_comm"] is None
 
 
 @pytest.mark.timeout(300)
@@ -92,9 +107,10 @@ def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys):
     assert len(records) == 4 and all(r["status"] == "ok" and r["correct"] for r in records)
     for r in records:
         assert len(r["latency_s"]) == 3 and r["summary"]["p50"] > 0
-        assert r["breakdown_s"]["forward"] > 0 and r["breakdown_s"]["backward"] > 0
-        assert (r["breakdown_s"]["exposed_comm"] is None) == (r["config"]["impl"] == "torch")
         assert r["env"]["git_commit"] and r["env"]["torch"]
+    frame = load_records(out)
+    assert (frame["forward_s"] > 0).all() and (frame["backward_s"] > 0).all()
+    assert (frame["exposed_comm_s"].isna() == (frame["impl"] == "torch")).all()
     ours = next(r for r in records if r["config"]["impl"] == "ddp_core" and r["config"]["sync_every"] == 1)
     assert ours["buckets"][0], "per-bucket launch and completion times are missing"
     trace_events = json.loads(next(trace.glob("resnet-tiny_ddp_core_*_sync1_*.json")).read_text())["traceEvents"]

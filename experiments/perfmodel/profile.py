@@ -55,8 +55,15 @@ def profile_config(config: RunConfig, colocated: int = 1) -> RunConfig:
 
 def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     """On each copy, a world of one: warm up, then time `iters` synchronised and `iters` no_sync iterations."""
-    config = RunConfig(**config_fields)
     alone = dist.new_subgroups(group_size=1)[0] if world_size > 1 else None  # each copy reduces only with itself
+    try:
+        return _profile(rank, RunConfig(**config_fields), alone)
+    finally:
+        if alone is not None:
+            dist.destroy_process_group(alone)  # a pool profiles config after config: leave no group behind
+
+
+def _profile(rank: int, config: RunConfig, alone) -> dict:
     t = build(rank, config, alone)
     clock = Clock(t.device)
     t.ddp.reducer.observer = ReadyTimes(clock)
