@@ -49,6 +49,7 @@ RATIOS = [
     ("ddp_core_view", "torch_view", "<= 1.00"),
     ("ddp_core_view", "torch", "< 0.97"),
     ("ddp_core_no_overlap", "ddp_core", None),
+    ("torch_view", "torch", None),  # what bucket views gain PyTorch itself
     # The share of PyTorch's default iteration that bucket views can save at most (see `copy_out_pass`).
     ("copy_out_pass", "torch", None),
 ]

@@ -80,6 +80,7 @@ def load_records(path: Path | str, kind: str = "run"):
         if record.get("kind") != kind:
             continue
         row = {**record.get("config", {}), "status": record["status"]}
+        # (records written before 2026-12-03 also store `breakdown_s`, by an older rule: left out)
         row.update({f"{k}": v for k, v in record.items() if k not in ("config", "summary", "breakdown_s", "env")})
         row.update({f"summary_{k}": v for k, v in (record.get("summary") or {}).items()})
         if record.get("phases_s"):  # derived from the raw samples, so that old records follow the same rule
