@@ -28,7 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GIT = ["git", "-c", "user.name=ab-validation", "-c", "user.email=ab@validation"]
-ANCHOR = "        self._write_back(used)\n"  # in Reducer._finish_backward, after the all-reduces completed
+# A line of Reducer._finish_backward, after every all-reduce completed and was written back
+ANCHOR = "        self._locally_used = [False] * len(self.params)\n"
 SLOW_CODE = """        _time = __import__('time')
         if getattr(self, '_slow_mark', None) is not None:  # ab validation: slow every iteration by {f:g}
             _time.sleep({f} * (_time.perf_counter() - self._slow_mark))

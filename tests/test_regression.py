@@ -114,7 +114,7 @@ def _slow_down(repo: Path, seconds: float) -> None:
     """Sleep `seconds` in every iteration, in ddp_core's end-of-backward callback once the all-reduces
     are complete (as benchmarks/ab_validation.py does)."""
     reducer = repo / "ddp_core" / "reducer.py"
-    anchor = "        self._write_back(used)\n"
+    anchor = "        self._locally_used = [False] * len(self.params)\n"
     assert reducer.read_text().count(anchor) == 1
     reducer.write_text(reducer.read_text().replace(anchor, f"        __import__('time').sleep({seconds})\n" + anchor))
 
