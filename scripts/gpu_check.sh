@@ -52,6 +52,7 @@ step allreduce_gloo_cuda 60 "$py" -m experiments allreduce --backend gloo --devi
 import sys
 from pathlib import Path
 from experiments.records import read_records
+from experiments.stats import phase_medians
 out = Path(sys.argv[1])
 for name in ("runs.jsonl", "profile.jsonl", "allreduce.jsonl"):
     path = out / name
@@ -63,7 +64,7 @@ for name in ("runs.jsonl", "profile.jsonl", "allreduce.jsonl"):
         if r["status"] != "ok":
             print(f"FAILED {c}: {r['error'].splitlines()[-1]}")
         elif r["kind"] == "run":
-            b = r["breakdown_s"]
+            b = phase_medians(r["phases_s"], c["sync_every"])
             comm = "-" if b["exposed_comm"] is None else f"{b['exposed_comm'] * 1e3:.1f}"
             print(f"{c['model']:10} {c['impl']:20} {c['backend']:5} ws{c['world_size']} "
                   f"p50 {r['summary']['p50'] * 1e3:8.2f} ms  fwd {b['forward'] * 1e3:.1f} bwd {b['backward'] * 1e3:.1f} "
