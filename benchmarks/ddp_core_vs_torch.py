@@ -43,7 +43,7 @@ IMPLS = {
     "torch": (TorchDDP, {}),
     "torch_view": (TorchDDP, {"gradient_as_bucket_view": True}),
 }
-# (numerator, denominator, goal): ratios of median latency reported in the README.
+# (numerator, denominator, goal): the ratios of median latency printed and stored.
 RATIOS = [
     ("ddp_core", "torch", None),
     ("ddp_core_view", "torch_view", "<= 1.00"),

@@ -16,7 +16,8 @@ import warnings
 from pathlib import Path
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: run records no longer store `breakdown_s` (derived from `phases_s` on loading)
+READABLE_VERSIONS = (1, 2)
 KINDS = ("run", "allreduce", "train", "profile")
 
 
@@ -57,10 +58,11 @@ def read_records(path: Path | str) -> list[dict]:
                     continue
                 raise SchemaError(f"{file}:{number}: not a JSON record") from None
             version = record.get("schema_version")
-            if version != SCHEMA_VERSION:
+            if version not in READABLE_VERSIONS:
                 raise SchemaError(
-                    f"{file}:{number}: schema_version {version!r}, but this ddpbench reads version "
-                    f"{SCHEMA_VERSION}; re-run the measurement or use the ddpbench that wrote it"
+                    f"{file}:{number}: schema_version {version!r}, but this ddpbench reads versions "
+                    f"{' and '.join(map(str, READABLE_VERSIONS))}; re-run the measurement or use the "
+                    "ddpbench that wrote it"
                 )
             records.append(record)
     return records
@@ -80,7 +82,7 @@ def load_records(path: Path | str, kind: str = "run"):
         if record.get("kind") != kind:
             continue
         row = {**record.get("config", {}), "status": record["status"]}
-        # (records written before 2026-12-03 also store `breakdown_s`, by an older rule: left out)
+        # (version 1 records also store `breakdown_s`, by an older rule: left out)
         row.update({f"{k}": v for k, v in record.items() if k not in ("config", "summary", "breakdown_s", "env")})
         row.update({f"summary_{k}": v for k, v in (record.get("summary") or {}).items()})
         if record.get("phases_s"):  # derived from the raw samples, so that old records follow the same rule

@@ -43,6 +43,8 @@ def slowest_rank_per_cycle(per_rank: list[list[float]], sync_every: int) -> list
     job's latency. Ranks meet only at a cycle's synchronised end; with n = 1 this is the slowest rank of
     each iteration. For n > 1 the slowest rank of each iteration would count a lag twice: in the lagging
     rank's skipped iterations, and again as the other ranks' wait at the sync."""
+    if len({len(seconds) for seconds in per_rank}) != 1:
+        raise ValueError(f"every rank needs the same number of iterations, got {[len(s) for s in per_rank]}")
     ranks: list[int] = []
     for start in range(0, len(per_rank[0]), sync_every):
         cycle = slice(start, start + sync_every)
@@ -53,9 +55,11 @@ def slowest_rank_per_cycle(per_rank: list[list[float]], sync_every: int) -> list
 
 def phase_medians(phases_s: dict[str, list[list[float | None]]], sync_every: int) -> dict[str, float | None]:
     """Median seconds of each phase (`phases_s`: phase -> rank -> iteration), each iteration's taken from
-    the rank that set its latency, so the phases add up to it. (The maximum over ranks per phase would
-    count one rank's lag in compute again as the other ranks' wait for communication.) A phase that is
-    not measured (None) has no median."""
+    the rank that set its latency, so the phases add up to a latency that was measured. (The maximum over
+    ranks per phase would count one rank's lag in compute again as another rank's wait for
+    communication.) With one synchronisation per iteration the ranks finish together and which rank is
+    slowest turns on small skews, so this is a mix of the ranks' breakdowns, iteration by iteration. A
+    phase that is not measured (None) has no median."""
     per_rank = [[sum(phases_s[p][rank][i] or 0.0 for p in phases_s) for i in range(len(iterations))]
                 for rank, iterations in enumerate(next(iter(phases_s.values())))]
     chosen = slowest_rank_per_cycle(per_rank, sync_every)

@@ -75,6 +75,36 @@ def misuse_checks(rank, world_size):
     return errors
 
 
+def failing_hook_then_training_goes_on(rank, world_size):
+    """A hook whose future fails: backward raises its error, and the next iteration trains as usual."""
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3)), bucket_cap_mb=0)
+    calls = []
+
+    def hook(state, bucket):
+        calls.append(bucket.index())
+        if len(calls) == 1:  # the first bucket of the first backward
+            failed = torch.futures.Future()
+            failed.set_exception(RuntimeError("hook failed on purpose"))
+            return failed
+        return ddp_core.allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, hook)
+    with pytest.raises(RuntimeError, match="hook failed on purpose"):
+        ddp(torch.ones(2, 3)).sum().backward()
+    ddp(torch.ones(2, 3) * (rank + 1)).sum().backward()  # would hang or mismatch after a half-done backward
+    grads = [p.grad.clone() for p in ddp.parameters()]
+    for grad in grads:
+        torch.distributed.broadcast(grad, src=0)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, ddp.parameters())), "ranks disagree"
+    return len(calls)
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_comm_hook_raises_and_leaves_nothing_half_done():
+    assert run_ranks(failing_hook_then_training_goes_on, 2, timeout=60) == [8, 8]  # 4 buckets, 2 backwards
+
+
 @pytest.mark.timeout(120)
 def test_different_models_on_ranks_fail_naming_the_mismatch():
     with pytest.raises(RankFailed, match=r"different models \(parameter 0: .*\(4, 4\).* on rank 0, .*\(5, 4\).* on rank 1"):

@@ -9,6 +9,8 @@ One synchronised iteration, as ddp_core runs it:
    channel that reduces its buckets in order. Channels overlap their latency but share the link's
    bandwidth, which serves one bucket at a time;
 4. after backward, wait for the last bucket, write back (the profile's tail), step the optimizer.
+   (ddp_core writes each bucket back as soon as it is reduced, so where the link is the bottleneck
+   part of the tail hides behind later buckets; the model keeps the whole tail: slightly pessimistic.)
 Where communication runs on the compute cores (Gloo on a CPU), nothing overlaps: the cores do the
 backward and every all-reduce one after the other. With reduce-every-n, n-1 iterations only compute
 (forward and a local backward) and the n-th synchronises; the prediction is the mean over the cycle.
