@@ -237,15 +237,22 @@ def test_two_torchrun_agents_record_what_the_built_in_launcher_records(tmp_path)
              "--rdzv-conf", f"is_host={int(node == 0)}",
              "--rdzv-id", "ddpbench-test", "--max-restarts", "0",
              "-m", "experiments", *sweep, "--out", str(out)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT, stdout=(tmp_path / f"agent{node}.log").open("w"), stderr=subprocess.STDOUT,
         )
         for node in range(2)
     ]
+    deadline = time.monotonic() + 240
     try:
-        logs = [a.communicate(timeout=240)[0] for a in agents]
+        for agent in agents:
+            agent.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass  # reported below, with both agents' output (a hang has been seen at an agent's exit)
     finally:
         for agent in agents:  # never leave an agent behind, even after a timeout
             agent.kill()
+            agent.wait()
+    logs = [f"--- agent {node} (exit {a.returncode}):\n" + (tmp_path / f"agent{node}.log").read_text()
+            for node, a in enumerate(agents)]
     assert all(a.returncode == 0 for a in agents), "\n".join(logs)
     expected, got = read_records(builtin), read_records(out)
     assert [r["config"] for r in got] == [r["config"] for r in expected]
