@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ddp_core import DistributedDataParallel  # noqa: E402
+from ddp_core import DistributedDataParallel, GradBucket  # noqa: E402
 from experiments.harness import slowest_per_iteration  # noqa: E402
 from experiments.launch import run_ranks  # noqa: E402
 from experiments.records import environment  # noqa: E402
@@ -64,8 +64,7 @@ def copy_out_pass(model: torch.nn.Module, passes: int) -> list[float]:
     fresh tensor each iteration. Its share of an iteration bounds what bucket views can gain.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    flat = torch.zeros(sum(p.numel() for p in params))
-    views = [chunk.view_as(p) for chunk, p in zip(flat.split([p.numel() for p in params]), params)]
+    views = GradBucket(0, params, list(range(len(params))), is_last=True).views  # one bucket, ddp_core's layout
     grads = [torch.zeros_like(p) for p in params]
     seconds = []
     for _ in range(passes):
