@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .config import BACKENDS, DEVICES, ConfigError, default_backend_and_device, parse_ints, validate_backend
+from .config import (BACKENDS, DEVICES, ConfigError, add_network_arguments, default_backend_and_device, parse_ints,
+                     parse_network_arguments, validate_backend)
 from .harness import rank_device
 
 MODES = ("granularity", "size")
@@ -39,6 +40,8 @@ class AllreduceConfig:
     reps: int
     warmup: int
     threads: int
+    link: str = "none"
+    ranks_per_host: int = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions per row")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="compute threads per rank")
+    add_network_arguments(parser)
 
 
 def resolve(args: argparse.Namespace) -> list[AllreduceConfig]:
@@ -70,10 +74,11 @@ def resolve(args: argparse.Namespace) -> list[AllreduceConfig]:
         if value < minimum:
             raise ConfigError(f"--{name}={value} is not allowed; it must be >= {minimum}")
     rows = []
-    for backend, world_size in itertools.product(backends, world_sizes):
+    for backend, world_size, (link, ranks_per_host) in itertools.product(backends, world_sizes,
+                                                                       parse_network_arguments(args)):
         validate_backend(backend, device, world_size)
         common = dict(backend=backend, device=device, world_size=world_size, reps=args.reps, warmup=args.warmup,
-                      threads=args.threads)
+                      threads=args.threads, link=link, ranks_per_host=ranks_per_host)
         if "granularity" in modes:
             for per_call in parse_ints("per-call", args.per_call, minimum=1):
                 rows.append(AllreduceConfig("granularity", elements=min(per_call, args.total),

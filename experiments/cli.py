@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 from pathlib import Path
 
-from .config import LIST_PARAMS, ConfigError, RunConfig, default_backend_and_device, expand_grid, parse_list
+from .config import (LIST_PARAMS, ConfigError, RunConfig, check_network_available, default_backend_and_device,
+                     expand_grid, parse_list)
 
 EXIT_BAD_INPUT = 2
 
@@ -49,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import history
 
     history.add_arguments(sub.add_parser("history", help="latency per commit, recorded and plotted"))
+    from . import network
+
+    network.add_arguments(sub.add_parser("network", help="can this machine emulate a cluster (--link)? clean up"))
     return parser
 
 
@@ -93,9 +98,15 @@ def check_positive(name: str, value: float) -> None:
         raise ConfigError(f"--{name}={value} is not allowed; it must be > 0")
 
 
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (0 ok, 1 some config failed, 2 bad input, 130 Ctrl-C)."""
     args = build_parser().parse_args(argv)
+    # A polite kill (SIGTERM) unwinds like Ctrl-C, so ranks and emulated networks are removed on the way out.
+    signal.signal(signal.SIGTERM, _terminate)
     from . import ab, allreduce, compare, train
     from .perfmodel import commands as perfmodel
     from .sweep import run_sweep
@@ -108,11 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         return history.main(args)
     if args.command in ("compare", "ab"):
         return (compare if args.command == "compare" else ab).main(args)
+    if args.command == "network":
+        from . import network
+
+        return network.main(args)
     try:
         check_positive("timeout", args.timeout)
         check_output(args.out)
         mode = {"allreduce": allreduce, "train": train, "profile": perfmodel}.get(args.command)
         jobs = resolve_run_configs(args) if mode is None else mode.resolve(args)
+        check_network_available(jobs)
     except ConfigError as error:
         print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 
 from ddp_core.hooks import HOOKS
 
+from . import network
 from .workloads import WORKLOADS
 
 IMPLS = ("ddp_core", "ddp_core_no_overlap", "torch")
@@ -42,6 +43,8 @@ class RunConfig:
     warmup: int = 3
     seed: int = 0
     threads: int = 1
+    link: str = "none"  # `none`: loopback; a rate (`1gbit`): each rank group on an emulated host behind a link
+    ranks_per_host: int = 1
 
 
 # Parameters the CLI accepts as comma-separated lists, with their element types.
@@ -73,8 +76,8 @@ def expand_grid(lists: dict[str, list]) -> list[RunConfig]:
     configs = [RunConfig(**dict(zip(names, combo))) for combo in itertools.product(*(lists[n] for n in names))]
     for config in configs:
         validate(config)
-    # Group configs of one world size (and backend/device) together: they share one set of processes.
-    configs.sort(key=lambda c: (c.backend, c.device, c.world_size))
+    # Group configs of one world size (and backend/device/network) together: they share one set of processes.
+    configs.sort(key=lambda c: (c.backend, c.device, c.world_size, c.link, c.ranks_per_host))
     return list(dict.fromkeys(configs))  # drop duplicates, keep order
 
 
@@ -93,9 +96,56 @@ def validate(config: RunConfig, gpu_count: int | None = None) -> None:
                           "every measured window holds whole cycles of skipped and synchronised iterations")
     if config.bucket_mb < 0:
         raise ConfigError(f"--bucket-mb={config.bucket_mb} is not allowed; it must be >= 0 (0 = one parameter per bucket)")
+    validate_network(config.link, config.ranks_per_host)
     if config.impl == "torch" and (config.process_groups > 1):
         raise ConfigError("--process-groups > 1 needs --impl ddp_core or ddp_core_no_overlap (PyTorch's DDP takes one group)")
     validate_backend(config.backend, config.device, config.world_size, gpu_count)
+
+
+def validate_network(link: str, ranks_per_host: int) -> None:
+    """Raise ConfigError unless `link` is `none` or a rate, and `ranks_per_host` fits it."""
+    if link != "none":
+        try:
+            network.parse_rate(link)
+        except ValueError as error:
+            raise ConfigError(f"--link={link!r} is not allowed: {error}") from None
+    if ranks_per_host < 1:
+        raise ConfigError(f"--ranks-per-host={ranks_per_host} is not allowed; it must be >= 1")
+    if link == "none" and ranks_per_host != 1:
+        raise ConfigError(f"--ranks-per-host={ranks_per_host} needs --link with a rate (with --link none every "
+                          "rank is on this one host)")
+
+
+def add_network_arguments(parser) -> None:
+    """`--link` and `--ranks-per-host` for the sub-commands that take them as plain options (allreduce, train)."""
+    parser.add_argument("--link", default="none", metavar="LIST",
+                        help="comma-separated: none (loopback, default) or link rates such as 500mbit,1gbit,10gbit: "
+                             "ranks on emulated hosts behind links of that rate (needs root; see ddpbench network)")
+    parser.add_argument("--ranks-per-host", default="1", metavar="LIST",
+                        help="comma-separated: ranks per emulated host, placed in rank order (default 1)")
+
+
+def parse_network_arguments(args) -> list[tuple[str, int]]:
+    """The validated (link, ranks per host) pairs of `--link` x `--ranks-per-host`."""
+    pairs = [(link.strip().lower(), k) for link in args.link.split(",")
+             for k in parse_ints("ranks-per-host", args.ranks_per_host, minimum=1)]
+    for link, k in pairs:
+        validate_network(link, k)
+    return pairs
+
+
+def check_network_available(jobs: list) -> None:
+    """Refuse, before any process starts, jobs with a link where this machine cannot emulate one."""
+    links = sorted({job.link for job in jobs if job.link != "none"})
+    if not links:
+        return
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        raise ConfigError(f"--link={','.join(links)}: under torchrun the hosts are real; use --link none")
+    problems = network.check()
+    if problems:
+        raise ConfigError(f"--link={','.join(links)} needs an emulated network, which this machine cannot make: "
+                          f"{'; '.join(problems)}. --link none (loopback) works without it; "
+                          "`ddpbench network --check` says more")
 
 
 def validate_backend(backend: str, device: str, world_size: int, gpu_count: int | None = None) -> None:

@@ -22,6 +22,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from . import network
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -41,14 +43,27 @@ class RankPool:
     """
 
     def __init__(self, world_size: int, backend: str = "gloo", threads: int = 1, timeout: float = 120.0,
-                 host: str = LOOPBACK):
+                 host: str = LOOPBACK, link: str = "none", ranks_per_host: int = 1):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size!r}")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.world_size = world_size
-        # The parent owns the rendezvous store, so no port can be taken between choosing and binding it.
-        self._store = dist.TCPStore(host, 0, world_size=None, is_master=True, wait_for_workers=False)
+        self.closed = True  # until the ranks are created
+        # With a link, ranks run on emulated hosts (network namespaces) and the store listens on the switch.
+        self.cluster = None
+        placements: list[network.Placement | None] = [None] * world_size
+        if link != "none":
+            self.cluster = network.EmulatedCluster(network.hosts_needed(world_size, ranks_per_host), link).create()
+            host = network.SWITCH_ADDRESS
+            placements = [self.cluster.placement(rank, ranks_per_host) for rank in range(world_size)]
+        try:
+            # The parent owns the rendezvous store, so no port can be taken between choosing and binding it.
+            self._store = self._in_network(
+                lambda: dist.TCPStore(host, 0, world_size=None, is_master=True, wait_for_workers=False))
+        except BaseException:
+            self._close_network()
+            raise
         ctx = mp.get_context("spawn")
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(world_size)]
@@ -57,14 +72,26 @@ class RankPool:
             ctx.Process(
                 target=_worker_main,
                 args=(rank, world_size, backend, host, self._store.port, timeout, threads, self._tasks[rank],
-                      self._results, os.getpid()),
+                      self._results, os.getpid(), placements[rank]),
                 daemon=True,
             )
             for rank in range(world_size)
         ]
-        for p in self._procs:
-            p.start()
         self.closed = False
+        try:
+            for p in self._procs:
+                p.start()
+        except BaseException:
+            self.close(graceful=False)  # e.g. Ctrl-C while starting: no rank, no namespace left behind
+            raise
+
+    def _in_network(self, fn: Callable[[], Any]) -> Any:
+        return fn() if self.cluster is None else self.cluster.run_in_switch(fn)
+
+    def _close_network(self) -> None:
+        self._store = None  # closes the store's socket, which would keep the switch namespace alive
+        if self.cluster is not None:
+            self.cluster.close()
 
     def run(self, fn: Callable[..., Any], args: tuple = (), timeout: float = 120.0) -> list[Any]:
         """Run `fn` on every rank; return the results by rank, or raise RankFailed / RanksTimedOut."""
@@ -103,20 +130,25 @@ class RankPool:
         return [results[r] for r in range(self.world_size)]
 
     def close(self, graceful: bool = True) -> None:
-        """Stop the workers: politely after success, at once after a failure (they may be stuck)."""
+        """Stop the workers: politely after success, at once after a failure (they may be stuck); then
+        remove the emulated network, if any."""
         if self.closed:
             return
         self.closed = True
-        if graceful:
-            for q in self._tasks:
-                q.put(None)
+        try:
+            if graceful:
+                for q in self._tasks:
+                    q.put(None)
+                for p in self._procs:
+                    p.join(timeout=10)
             for p in self._procs:
-                p.join(timeout=10)
-        for p in self._procs:
-            if p.is_alive():
-                p.kill()
-        for p in self._procs:
-            p.join()
+                if p.is_alive():
+                    p.kill()
+            for p in self._procs:
+                if p.pid is not None:  # started
+                    p.join()
+        finally:
+            self._close_network()
 
     def __enter__(self) -> "RankPool":
         return self
@@ -126,12 +158,14 @@ class RankPool:
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: str = "gloo",
-              timeout: float = 120.0, threads: int = 1, host: str = LOOPBACK) -> list[Any]:
+              timeout: float = 120.0, threads: int = 1, host: str = LOOPBACK, link: str = "none",
+              ranks_per_host: int = 1) -> list[Any]:
     """Call `fn(rank, world_size, *args)` once on `world_size` fresh processes; return results by rank.
 
     `fn` must be importable (defined at module level) and its result picklable by torch.save.
     """
-    with RankPool(world_size, backend=backend, threads=threads, timeout=timeout, host=host) as pool:
+    with RankPool(world_size, backend=backend, threads=threads, timeout=timeout, host=host, link=link,
+                  ranks_per_host=ranks_per_host) as pool:
         return pool.run(fn, args, timeout=timeout)
 
 
@@ -143,13 +177,16 @@ def _die_with_parent() -> None:
         pass  # not Linux: daemon processes still end with a parent that exits normally
 
 
-def _worker_main(rank, world_size, backend, host, port, timeout, threads, tasks, results, parent_pid) -> None:
+def _worker_main(rank, world_size, backend, host, port, timeout, threads, tasks, results, parent_pid,
+                 placement) -> None:
     _die_with_parent()
     if os.getppid() != parent_pid:
         return  # the parent died before the line above took effect
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     task_id = -1
     try:
+        if placement is not None:
+            network.enter_host(placement)  # before the first socket: every socket opens in the host's namespace
         torch.set_num_threads(threads)
         store = dist.TCPStore(host, port, world_size=None, is_master=False, timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,

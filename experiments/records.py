@@ -81,7 +81,7 @@ def load_records(path: Path | str, kind: str = "run"):
     for record in read_records(path):
         if record.get("kind") != kind:
             continue
-        row = {**record.get("config", {}), "status": record["status"]}
+        row = {**LATER_FIELDS, **record.get("config", {}), "status": record["status"]}
         # (version 1 records also store `breakdown_s`, by an older rule: left out)
         row.update({f"{k}": v for k, v in record.items() if k not in ("config", "summary", "breakdown_s", "env")})
         row.update({f"summary_{k}": v for k, v in (record.get("summary") or {}).items()})
@@ -93,9 +93,17 @@ def load_records(path: Path | str, kind: str = "run"):
     return pd.DataFrame(rows)
 
 
+# Config fields added after records were first stored, with the value every older record implies.
+LATER_FIELDS = {"link": "none", "ranks_per_host": 1}
+
+
 def config_key(config: dict) -> str:
-    """A stable text key of a resolved config: equal configs, equal keys (what --resume compares)."""
-    return json.dumps(config, sort_keys=True)
+    """A stable text key of a resolved config: equal configs, equal keys (what --resume and compare match).
+
+    Fields at the value that records made before they existed imply are left out, so such records
+    still match today's configs.
+    """
+    return json.dumps({k: v for k, v in config.items() if LATER_FIELDS.get(k, ...) != v}, sort_keys=True)
 
 
 def recorded_keys(path: Path) -> set[str]:

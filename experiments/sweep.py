@@ -23,8 +23,9 @@ from tqdm import tqdm
 
 from .config import RunConfig
 from .harness import PHASES, measure
+from . import network
 from .launch import RankFailed, RankPool, RanksTimedOut
-from .records import append_record, config_key, environment, recorded_keys
+from .records import LATER_FIELDS, append_record, config_key, environment, recorded_keys
 from .stats import slowest_rank_per_cycle, summarize
 
 
@@ -55,7 +56,7 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
 def summary_line(record: dict) -> str:
     """One line per finished job: what it was, and its p50 latency (and throughput where it has one)."""
     what = " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in record["config"].items()
-                    if k not in ("iters", "warmup", "seed", "reps", "threads"))
+                    if k not in ("iters", "warmup", "seed", "reps", "threads") and LATER_FIELDS.get(k, ...) != v)
     if record["status"] != "ok":
         return f"FAILED {what}: {record['error'].strip().splitlines()[-1]}"
     s = record["summary"]
@@ -70,8 +71,9 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
     """Measure each job (a frozen dataclass with backend, device, world_size, threads) on its ranks.
 
     `measure_fn(rank, world_size, fields)` runs on every rank; `to_record(job, per_rank, wall_s)` turns
-    the ranks' results into a record. Jobs sharing backend, device, world size and threads share one
-    pool of processes. Returns counts of ok, failed and skipped (already recorded, with `resume`) jobs.
+    the ranks' results into a record. Jobs sharing backend, device, world size, threads and network
+    (link, ranks per host) share one pool of processes. Returns counts of ok, failed and skipped
+    (already recorded, with `resume`) jobs.
     """
     done = recorded_keys(out) if resume else set()
     todo = [job for job in jobs if config_key(dataclasses.asdict(job)) not in done]
@@ -80,13 +82,14 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
     bar = tqdm(total=len(todo), unit="config", disable=not sys.stderr.isatty(), dynamic_ncols=True)
     say = echo if bar.disable else bar.write
     try:
-        for (backend, _device, world_size, threads), group in itertools.groupby(
-            todo, key=lambda job: (job.backend, job.device, job.world_size, job.threads)
+        for (backend, _device, world_size, threads, link, ranks_per_host), group in itertools.groupby(
+            todo, key=lambda job: (job.backend, job.device, job.world_size, job.threads, job.link, job.ranks_per_host)
         ):
             pool = None
             try:
                 for job in group:
-                    pool = pool or RankPool(world_size, backend=backend, threads=threads, timeout=timeout)
+                    pool = pool or RankPool(world_size, backend=backend, threads=threads, timeout=timeout, link=link,
+                                            ranks_per_host=ranks_per_host)
                     started = time.perf_counter()
                     per_rank = None
                     try:
@@ -97,6 +100,9 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
                                   "config": dataclasses.asdict(job)}
                         pool = None  # closed by the failure; the next job gets fresh ranks
                     record["env"] = {**env, "threads_per_rank": threads}
+                    if link != "none":
+                        record["env"]["network"] = network.describe(
+                            link, network.hosts_needed(world_size, ranks_per_host))
                     append_record(out, record)
                     if on_record is not None and per_rank is not None:
                         on_record(job, record, per_rank)

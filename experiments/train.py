@@ -22,7 +22,8 @@ from torch import nn
 
 from ddp_core import DistributedDataParallel
 
-from .config import ConfigError, default_backend_and_device, parse_ints, validate_backend
+from .config import (ConfigError, add_network_arguments, default_backend_and_device, parse_ints,
+                     parse_network_arguments, validate_backend)
 from .harness import rank_device
 
 IN_FEATURES, HIDDEN, CLASSES = 32, 64, 10
@@ -41,6 +42,8 @@ class TrainConfig:
     lr: float
     seed: int
     threads: int
+    link: str = "none"
+    ranks_per_host: int = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    add_network_arguments(parser)
 
 
 def resolve(args: argparse.Namespace) -> list[TrainConfig]:
@@ -67,12 +71,13 @@ def resolve(args: argparse.Namespace) -> list[TrainConfig]:
     if not args.lr > 0:
         raise ConfigError(f"--lr={args.lr} is not allowed; it must be > 0")
     runs = []
-    for backend, world_size, n in itertools.product(
-        backends, parse_ints("world-size", args.world_size, 1), parse_ints("sync-every", args.sync_every, 1)
+    for backend, world_size, n, (link, ranks_per_host) in itertools.product(
+        backends, parse_ints("world-size", args.world_size, 1), parse_ints("sync-every", args.sync_every, 1),
+        parse_network_arguments(args),
     ):
         validate_backend(backend, device, world_size)
         runs.append(TrainConfig(n, backend, device, world_size, args.batch_size, args.iters, args.lr, args.seed,
-                                args.threads))
+                                args.threads, link, ranks_per_host))
     return runs
 
 
