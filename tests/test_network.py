@@ -1,0 +1,156 @@
+"""The emulated cluster: links deliver their rate, nothing is left behind, and a machine that cannot
+emulate is refused up front. Runs as root (as CI does); low rates and small messages keep it fast."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments import network
+from experiments.cli import main
+from experiments.config import RunConfig
+from experiments.records import read_records
+from experiments.sweep import run_jobs
+from tests.test_runner import ROOT, TINY, _alive, flaky_measure
+
+PROBLEMS = network.check()
+pytestmark = pytest.mark.skipif(bool(PROBLEMS), reason=f"this machine cannot emulate a cluster: {PROBLEMS}")
+
+
+def _interfaces() -> str:
+    """The machine's own interfaces: the emulation must never add, remove or change one."""
+    return subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+
+
+def _namespaces_of(pid: int) -> list[str]:
+    return network.list_netns(f"{network.PREFIX}{pid}-")
+
+
+def test_rates_parse_in_tc_units_and_bursts_fit_the_rate():
+    assert network.parse_rate("500mbit") == 500e6 and network.parse_rate("2.5GBIT") == 2.5e9
+    for bad in ("fast", "1tbit", "0gbit", "-1gbit", "1 gbit/s"):
+        with pytest.raises(ValueError, match="is not a link rate"):
+            network.parse_rate(bad)
+    assert network.burst_bytes(100e6) == 128 * 1024  # never below two 64 KiB segments
+    assert network.burst_bytes(10e9) == 1_250_000  # 1 ms at the rate
+    assert network.hosts_needed(5, 2) == 3
+
+
+@pytest.mark.timeout(300)
+def test_allreduce_over_a_link_takes_the_time_its_rate_sets(tmp_path):
+    out, before = tmp_path / "a.jsonl", _interfaces()
+    # 2 MB per rank at 100 Mbit/s: 0.16 s on the wire per all-reduce, far above Gloo's CPU cost.
+    assert main(["allreduce", "--mode", "size", "--sizes", "2000000", "--link", "100mbit", "--ranks-per-host", "1,2",
+                 "--reps", "3", "--warmup", "1", "--out", str(out)]) == 0
+    between_hosts, same_host = read_records(out)
+    assert between_hosts["config"]["link"] == "100mbit" and between_hosts["config"]["ranks_per_host"] == 1
+    assert between_hosts["correct"] and same_host["correct"]
+    assert between_hosts["env"]["network"]["qdisc"].startswith("tbf rate 100mbit")
+    rate_gbytes = 100e6 / 8 / 1e9
+    assert between_hosts["summary"]["busbw_GBps"] == pytest.approx(rate_gbytes, rel=0.2)
+    # Ranks of one host talk over its loopback, which is not shaped.
+    assert same_host["summary"]["busbw_GBps"] > 3 * rate_gbytes
+    assert not _namespaces_of(os.getpid()) and _interfaces() == before
+
+
+@pytest.mark.timeout(300)
+def test_a_training_sweep_on_two_emulated_hosts_records_its_network(tmp_path):
+    out = tmp_path / "r.jsonl"
+    assert main(["run", *TINY, "--link", "200mbit", "--impl", "ddp_core,torch", "--out", str(out)]) == 0
+    records = read_records(out)
+    assert len(records) == 2 and all(r["status"] == "ok" and r["correct"] for r in records)
+    assert {r["config"]["link"] for r in records} == {"200mbit"}
+    assert records[0]["env"]["network"]["hosts"] == 2
+    assert not _namespaces_of(os.getpid())
+
+
+@pytest.mark.timeout(300)
+def test_a_crashing_or_hanging_rank_leaves_no_namespace_behind(tmp_path):
+    jobs = [RunConfig(seed=s, link="100mbit") for s in range(3)]  # ok, crash on rank 1, hang on rank 0
+    counts = run_jobs(jobs, tmp_path / "r.jsonl", flaky_measure,
+                      lambda job, per_rank, wall: {"kind": "run", "status": "ok", "config": {"seed": job.seed},
+                                                   "summary": {"p50": wall}},
+                      "run", timeout=15, echo=lambda line: None)
+    assert counts == {"ok": 1, "failed": 2, "skipped": 0}
+    assert not _namespaces_of(os.getpid())
+
+
+def _start_sweep(out, *extra):
+    # About 0.2 s per iteration at 1 Gbit/s: the first config is recorded within seconds, the rest take longer.
+    argv = [sys.executable, "-m", "experiments", "run", *TINY, "--iters", "30", "--link", "1gbit",
+            "--bucket-mb", "25,1,0", *extra, "--out", str(out)]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _kill(proc) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+
+
+def _wait_for(condition, seconds=120.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_removes_the_emulated_network(tmp_path):
+    out = tmp_path / "r.jsonl"
+    proc = _start_sweep(out)
+    try:
+        _wait_for(lambda: out.exists() and out.read_text().strip())
+        assert _namespaces_of(proc.pid)  # the sweep is still on its emulated hosts
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        _kill(proc)
+    assert proc.returncode == 130, err
+    assert not _namespaces_of(proc.pid)
+
+
+@pytest.mark.timeout(300)
+def test_cleanup_removes_what_a_killed_run_left_and_keeps_a_live_runs(tmp_path, capsys):
+    killed = _start_sweep(tmp_path / "killed.jsonl")
+    try:
+        _wait_for(lambda: len(_namespaces_of(killed.pid)) == 3)  # switch and two hosts
+    finally:
+        _kill(killed)  # SIGKILL: no finally block of the run's runs
+    left = _namespaces_of(killed.pid)
+    assert len(left) == 3  # what a killed run leaves
+    with network.EmulatedCluster(1, "100mbit") as live:  # a run of this process, still going
+        assert main(["network", "--cleanup"]) == 0
+        printed = capsys.readouterr().out
+        assert all(f"removed {name}" in printed for name in left)
+        assert f"kept {live.switch}" in printed and live.switch in network.list_netns()
+    assert not _namespaces_of(killed.pid) and not _namespaces_of(os.getpid())
+    _wait_for(lambda: not any(_alive(int(p)) for p in _children_of(killed.pid)), 30)
+
+
+def _children_of(pid: int) -> list[str]:
+    found = subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split()
+    return [p for p in found if p != str(pid)]
+
+
+@pytest.mark.parametrize("missing", ["tc", "privileges"])
+def test_a_machine_that_cannot_emulate_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch, missing):
+    if missing == "tc":
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        os.symlink(subprocess.run(["which", "ip"], capture_output=True, text=True).stdout.strip(), bin_dir / "ip")
+        monkeypatch.setenv("PATH", str(bin_dir))
+        needle = "`tc` is not on PATH (install iproute2)"
+    else:
+        monkeypatch.setattr(network, "_effective_capabilities", lambda: 0)
+        needle = "CAP_NET_ADMIN is missing (run as root)"
+    out = tmp_path / "r.jsonl"
+    assert main(["run", *TINY, "--link", "1gbit", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "--link none (loopback) works without it" in err
+    assert not out.exists()
+    assert main(["network", "--check"]) == 1
+    assert needle in capsys.readouterr().out
