@@ -16,7 +16,15 @@ from analysis.common import RUN_EXPERIMENTS, caption, cycle_means, machine, resu
 from experiments.stats import ratio_of_medians
 
 SCRIPTS = ["e1_allreduce", "e2_overlap", "e3_bucket_size", "e4_scaling", "e5_skip_sync", "e6_convergence",
-           "e7_round_robin", "e8_backends", "model_validation", "model_extrapolation", "sweep_overhead"]
+           "e7_round_robin", "e8_backends", "model_validation", "model_extrapolation", "link_emulation", "sweep_overhead"]
+# Tables a script writes besides its own, shown under its section.
+EXTRA_TABLES = {"link_emulation": {
+    "link_fidelity_summary": "Fidelity per link: share of the rate reached by messages of 4 MiB and more, and the "
+                             "median latency a link adds to 1-4 KiB messages (against loopback)",
+    "link_overlap": "E2 on every network: saving, communication share of the no-overlap iteration, best saving "
+                    "possible, and the model's predicted saving",
+    "link_bucket_recommendation": "tune-bucket for each link against the best cap measured over it",
+}}
 # E6: "no visible harm" read as a final loss within 25% of reducing every iteration (upper CI bound).
 NO_VISIBLE_HARM = 1.25
 TITLES = {
@@ -31,6 +39,8 @@ TITLES = {
     "model_validation": "Performance model: predicted against measured latency on this machine",
     "model_extrapolation": "Performance model: E3/E4/E5/E7 predicted for the paper's testbed (predictions, not "
                            "measurements; assumptions in analysis/model_extrapolation.py)",
+    "link_emulation": "The emulated cluster: link fidelity (left), overlap saving by communication share (right), "
+                      "and the performance model against every emulated run (table; network = the configured rate)",
     "sweep_overhead": "Where the job's time goes (seconds; 'other' is the runner's overhead, including "
                       "process start-up for the first config of each world size)",
 }
@@ -69,23 +79,36 @@ def markdown_table(frame: pd.DataFrame, digits: int = 4) -> str:
     return "\n".join([header, rule, *rows])
 
 
+def network(link: str) -> str:
+    """Where a run's ranks talked: loopback, or emulated hosts behind links of a rate."""
+    return "loopback" if link == "none" else f"{link} links"
+
+
 def findings() -> list[dict]:
-    """The paper's headline findings, each with the value measured here and a verdict."""
+    """The paper's headline findings, each measured on loopback and on every emulated link, side by side."""
+    rows = findings_of("") + findings_of("link_")
+    order = {row["finding"]: i for i, row in enumerate(rows)}  # each finding, then its networks
+    return sorted(rows, key=lambda row: order[row["finding"]])
+
+
+def findings_of(prefix: str) -> list[dict]:
+    """The findings from the records of experiments named `prefix` + e2_overlap, ...; one row per network."""
     out = []
-    e2 = runs("e2_overlap")
-    for (model, backend, ws), group in (e2.groupby(["model", "backend", "world_size"]) if not e2.empty else []):
+    e2 = runs(f"{prefix}e2_overlap")
+    for (model, backend, ws, link), group in (e2.groupby(["model", "backend", "world_size", "link"]) if not e2.empty else []):
         impls = {impl: g.iloc[0] for impl, g in group.groupby("impl")}
         if {"ddp_core", "ddp_core_no_overlap"} <= set(impls):
             r = ratio_of_medians(impls["ddp_core"]["latency_s"], impls["ddp_core_no_overlap"]["latency_s"])
             paper = {("resnet50", "nccl"): "38.0%", ("bert-base", "nccl"): "35.2%",
                      ("resnet50", "gloo"): "26.8%", ("bert-base", "gloo"): "21.5%"}.get((model, backend), "-")
             share = impls["ddp_core_no_overlap"]["exposed_comm_s"] / impls["ddp_core_no_overlap"]["summary_p50"]
-            out.append({"finding": f"E2 overlap cuts latency ({model}, {backend}, {ws} ranks)", "paper": paper,
+            out.append({"finding": f"E2 overlap cuts latency ({model}, {backend}, {ws} ranks)", "network": network(link),
+                        "paper": paper,
                         "here": f"{100 * (1 - r['ratio']):.1f}% (overlap/no-overlap {fmt_ratio(r)}); "
                                 f"communication is {100 * share:.0f}% of the no-overlap iteration",
                         "verdict": verdict(r)})
-    e3 = runs("e3_bucket_size")
-    for (model, backend, ws), group in (e3.groupby(["model", "backend", "world_size"]) if not e3.empty else []):
+    e3 = runs(f"{prefix}e3_bucket_size")
+    for (model, backend, ws, link), group in (e3.groupby(["model", "backend", "world_size", "link"]) if not e3.empty else []):
         group = group.assign(p50=group["summary_p50"]).sort_values("bucket_mb")
         if len(group) < 3:
             continue
@@ -96,23 +119,34 @@ def findings() -> list[dict]:
         vs_edges = [ratio_of_medians(best["latency_s"], e["latency_s"]) for e in edges]
         holds = inside and all(r["ci"][1] < 1 for r in vs_edges)
         out.append({"finding": f"E3 best bucket lies between the extremes ({model}, {backend}, {ws} ranks)",
+                    "network": network(link),
                     "paper": "yes; a good cap can more than double speed",
                     "here": f"best {best['bucket_mb']:g} MB of {group['bucket_mb'].min():g}-{group['bucket_mb'].max():g}; "
                             f"worst/best {worst['p50'] / best['p50']:.2f}x; best/edges "
                             + ", ".join(fmt_ratio(r) for r in vs_edges),
                     "verdict": "holds" if holds else ("does not hold" if not inside else "not significant")})
-    e4 = runs("e4_scaling")
-    for (model, backend), group in (e4.groupby(["model", "backend"]) if not e4.empty else []):
+    e4 = runs(f"{prefix}e4_scaling")
+    for (model, backend, link), group in (e4.groupby(["model", "backend", "link"]) if not e4.empty else []):
+        if prefix:  # on links: one host of 2 ranks against 2 hosts of 1 rank
+            by_hosts = {row.ranks_per_host: row for row in group.itertuples()}
+            if {1, 2} <= set(by_hosts):
+                r = ratio_of_medians(by_hosts[1].latency_s, by_hosts[2].latency_s)
+                out.append({"finding": f"E4 scaling ({model}, {backend})", "network": network(link),
+                            "paper": "near-linear with NCCL; Gloo far worse",
+                            "here": f"2 ranks on 2 hosts / on 1 host: {fmt_ratio(r)}",
+                            "verdict": "measured (no paper threshold)"})
+            continue
         group = group.sort_values("world_size")
         if len(group) < 2:
             continue
         first, last = group.iloc[0], group.iloc[-1]
         efficiency = last["summary_throughput"] / first["summary_throughput"] * first["world_size"] / last["world_size"]
-        out.append({"finding": f"E4 scaling ({model}, {backend})", "paper": "near-linear with NCCL; Gloo far worse",
+        out.append({"finding": f"E4 scaling ({model}, {backend})", "network": network(link),
+                    "paper": "near-linear with NCCL; Gloo far worse",
                     "here": f"{100 * efficiency:.0f}% scaling efficiency from {first['world_size']} to "
                             f"{last['world_size']} ranks", "verdict": "measured (no paper threshold)"})
-    e5 = runs("e5_skip_sync")
-    for (model, backend, ws), group in (e5.groupby(["model", "backend", "world_size"]) if not e5.empty else []):
+    e5 = runs(f"{prefix}e5_skip_sync")
+    for (model, backend, ws, link), group in (e5.groupby(["model", "backend", "world_size", "link"]) if not e5.empty else []):
         base = group[group["sync_every"] == 1]
         for n in sorted(set(group["sync_every"]) - {1}):
             if base.empty:
@@ -123,26 +157,29 @@ def findings() -> list[dict]:
                 continue
             paper = {2: "15%", 4: "25%", 8: "38%"}.get(n, "-")
             out.append({"finding": f"E5 reduce every {n} lowers latency ({model}, {backend}, {ws} ranks)",
+                        "network": network(link),
                         "paper": f"{paper} (256 GPUs, approx.)", "here": f"{100 * (1 - r['ratio']):.1f}% (mean per cycle of {n} / every iteration "
                                 f"{fmt_ratio(r)})", "verdict": verdict(r)})
-    e6 = runs("e6_convergence", kind="train")
+    e6 = runs(f"{prefix}e6_convergence", kind="train")
     if not e6.empty and (e6["sync_every"] == 1).any():
         base = e6[e6["sync_every"] == 1].iloc[0]
         tail = max(1, len(base["loss"]) // 10)
         for row in e6[e6["sync_every"] > 1].itertuples():
             r = ratio_of_medians(row.loss[-tail:], base["loss"][-tail:])
             out.append({"finding": f"E6 reduce every {row.sync_every}: final loss against every iteration",
+                        "network": network(row.link),
                         "paper": "no visible harm at small batch", "here": f"final-loss ratio {fmt_ratio(r)}",
                         "verdict": "holds" if r["ci"][1] < NO_VISIBLE_HARM
                         else "does not hold" if r["ci"][0] > NO_VISIBLE_HARM else "not significant"})
-    e7 = runs("e7_round_robin")
-    for (model, backend, ws), group in (e7.groupby(["model", "backend", "world_size"]) if not e7.empty else []):
+    e7 = runs(f"{prefix}e7_round_robin")
+    for (model, backend, ws, link), group in (e7.groupby(["model", "backend", "world_size", "link"]) if not e7.empty else []):
         base = group[group["process_groups"] == 1]
         most = group[group["process_groups"] == group["process_groups"].max()]
         if base.empty or most.iloc[0]["process_groups"] == 1:
             continue
         r = ratio_of_medians(most.iloc[0]["latency_s"], base.iloc[0]["latency_s"])
         out.append({"finding": f"E7 {most.iloc[0]['process_groups']} round-robin groups beat 1 ({model}, {backend}, {ws} ranks)",
+                    "network": network(link),
                     "paper": "yes, more so on Gloo", "here": f"{100 * (1 - r['ratio']):.1f}% ({fmt_ratio(r)})",
                     "verdict": verdict(r)})
     return out
@@ -174,6 +211,16 @@ def main() -> None:
         except (FileNotFoundError, pd.errors.EmptyDataError):
             data = pd.DataFrame()
         lines += [markdown_table(data) if not data.empty else "Not measured on this machine.", ""]
+        if "error" in data and not data.empty:
+            errors = data["error"].abs()
+            lines += [f"Model error over these {len(data)} runs: median |error| {errors.median():.1%}, "
+                      f"worst {errors.max():.1%}.", ""]
+        for extra, title in EXTRA_TABLES.get(name, {}).items():
+            try:
+                extra_data = pd.read_csv(root / "tables" / f"{extra}.csv")
+            except (FileNotFoundError, pd.errors.EmptyDataError):
+                continue
+            lines += [f"### {title}", "", markdown_table(extra_data), ""]
     (root / "report.md").write_text("\n".join(lines))
     print(f"wrote {root / 'report.md'}")
 

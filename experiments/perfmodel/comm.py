@@ -39,6 +39,8 @@ class CommModel:
 
     `shares_cores`: communication runs on the cores that compute (Gloo on a CPU): the two cannot
     overlap, whatever the schedule; on GPUs communication has its own engines and streams.
+    `cpu`: where the wire is elsewhere but each all-reduce still costs the compute cores some work
+    (Gloo on a CPU over a real or emulated link: copies, sums, the TCP stack), that work's cost.
     """
 
     name: str
@@ -47,6 +49,7 @@ class CommModel:
     per_server: int = 0
     shares_cores: bool = False
     source: str = ""
+    cpu: Link | None = None
 
     def link(self, ranks: int) -> Link:
         """The link that bounds a ring over `ranks`: the slowest level the ring crosses."""
@@ -89,8 +92,8 @@ def fit(records: list[dict], backend: str, device: str) -> Fit:
     for r in records:
         c = r["config"]
         if (r.get("kind") != "allreduce" or r["status"] != "ok" or c["backend"] != backend or c["device"] != device
-                or c["world_size"] < 2):
-            continue
+                or c["world_size"] < 2 or c.get("link", "none") != "none"):
+            continue  # (records over emulated links measure the link, not this machine)
         p, calls = c["world_size"], math.ceil(c["total_elements"] / c["elements"])
         rows.append({"bytes_per_call": c["elements"] * 4, "calls": calls, "ranks": p, "mode": c["mode"],
                      "measured_s": float(np.median(r["latency_s"]))})
@@ -111,6 +114,24 @@ def fit(records: list[dict], backend: str, device: str) -> Fit:
                       shares_cores=device == "cpu",
                       source=f"fitted to {len(rows)} all-reduce records; median |error| {np.median(errors):.0%}")
     return Fit(model, rows, float(np.median(errors)), float(errors.max()))
+
+
+def emulated(machine: CommModel, link: str, rate_bps: float, ranks_per_host: int) -> CommModel:
+    """The network of `ddpbench run --link`: hosts of `ranks_per_host` ranks joined by links of
+    `rate_bps` as configured (not fitted to any run), on a machine whose all-reduce fit is `machine`.
+
+    Inside a host the ranks share its loopback and cores, as `machine` describes. Between hosts the
+    wire carries the bytes at the link's rate in each direction (bus bandwidth = rate / 8 bytes/s),
+    while the cores still do Gloo's share: the work an all-reduce costs them on this machine, taken
+    as the fitted loopback cost (an upper bound: it includes the loopback's copy through the kernel).
+    """
+    if not machine.shares_cores:
+        raise ValueError(f"an emulated link needs this machine's fitted all-reduce, not {machine.name!r}")
+    return CommModel(name=f"emulated {link} link", intra=machine.intra, per_server=ranks_per_host,
+                     inter=Link(alpha=machine.intra.alpha, busbw=rate_bps / 8), cpu=machine.intra,
+                     source=f"{link} as configured (bus bandwidth {rate_bps / 8 / GB:.3f} GB/s), {ranks_per_host} rank(s) "
+                            f"per host; per-step latency and the cores' share from this machine's fit "
+                            f"(alpha {machine.intra.alpha * 1e6:.0f} us, {machine.intra.busbw / GB:.2f} GB/s)")
 
 
 GB = 1e9

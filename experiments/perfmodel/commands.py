@@ -5,6 +5,7 @@
     ddpbench predict --profile P.jsonl --model resnet50 --cluster paper-v100-nccl --world-size 8,32,256
     ddpbench predict --profile P.jsonl --model resnet50 --allreduce results/runs/<machine> --world-size 2
     ddpbench tune-bucket --profile P.jsonl --model bert-base --cluster paper-v100-nccl --world-size 32
+    ddpbench tune-bucket --profile P.jsonl --model resnet50 --allreduce results/runs/<machine> --link 2.5gbit
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import statistics
 from pathlib import Path
 
 from ..config import (ConfigError, RunConfig, default_backend_and_device, expand_grid, parse_ints, parse_list,
-                      validate_backend)
+                      validate_backend, validate_network)
+from ..network import parse_rate
 from ..records import read_records
 from ..stats import cycle_means
-from .comm import PRESETS, CommModel, fit
+from .comm import PRESETS, CommModel, emulated, fit
 from .profile import PROFILE_KEYS, Profile, find_profile, profile_config
 from .simulate import Schedule, simulate
 
@@ -75,6 +77,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
     network = parser.add_mutually_exclusive_group(required=True)
     network.add_argument("--cluster", help=f"a cluster preset: {', '.join(PRESETS)}")
     network.add_argument("--allreduce", type=Path, help="all-reduce records to fit (file or folder) - this machine")
+    parser.add_argument("--link", default="none", help="with --allreduce: predict for this machine's ranks on emulated "
+                        "hosts behind links of this rate (as `ddpbench run --link`), e.g. 2.5gbit")
+    parser.add_argument("--ranks-per-host", type=int, default=1, help="with --link: ranks per emulated host")
     parser.add_argument("--backend", default="gloo", help="with --allreduce: the backend whose records to fit")
     parser.add_argument("--device", default="cpu", help="with --allreduce: the device whose records to fit")
     parser.add_argument("--world-size", default="2", help="comma-separated rank counts")
@@ -87,15 +92,19 @@ def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
 
 
 def comm_model(args: argparse.Namespace) -> CommModel:
-    """The network: a named preset, or a fit to this machine's all-reduce records."""
+    """The network: a named preset, or a fit to this machine's all-reduce records (behind --link, if given)."""
     if args.cluster is not None:
         if args.cluster not in PRESETS:
             raise ConfigError(f"--cluster={args.cluster!r} is unknown; choose one of {', '.join(PRESETS)}")
+        if args.link != "none":
+            raise ConfigError("--link needs --allreduce (this machine's fit), not --cluster")
         return PRESETS[args.cluster]
+    validate_network(args.link, args.ranks_per_host)
     try:
-        return fit(read_records(args.allreduce), args.backend, args.device).model
+        machine = fit(read_records(args.allreduce), args.backend, args.device).model
     except (FileNotFoundError, ValueError) as error:
         raise ConfigError(f"--allreduce={str(args.allreduce)!r}: {error}") from None
+    return machine if args.link == "none" else emulated(machine, args.link, parse_rate(args.link), args.ranks_per_host)
 
 
 def chosen_profile(args: argparse.Namespace) -> Profile:
@@ -214,7 +223,7 @@ def validate(runs: Path, backend: str = "gloo", device: str = "cpu") -> list[dic
     The network is fitted to the all-reduce records under `runs` (never to the runs themselves).
     """
     records = read_records(runs)
-    comm = fit(records, backend, device).model
+    machine = fit(records, backend, device).model
     rows = []
     for record in records:
         c = record["config"]
@@ -226,10 +235,14 @@ def validate(runs: Path, backend: str = "gloo", device: str = "cpu") -> list[dic
             continue
         plan = Schedule(world_size=c["world_size"], bucket_mb=c["bucket_mb"], overlap=c["impl"] == "ddp_core",
                         sync_every=c["sync_every"], process_groups=c["process_groups"])
+        link, ranks_per_host = c.get("link", "none"), c.get("ranks_per_host", 1)
+        # Over an emulated link: the link's configured rate, never a fit to these runs.
+        comm = machine if link == "none" else emulated(machine, link, parse_rate(link), ranks_per_host)
         predicted = simulate(profile, comm, plan).latency
         measured = measured_latency(record)
         rows.append({**{k: c[k] for k in ("model", "world_size", "bucket_mb", "impl", "sync_every",
-                                          "process_groups", *PROFILE_KEYS)},
+                                          "process_groups", *PROFILE_KEYS)}, "link": link,
+                     "ranks_per_host": ranks_per_host,
                      "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})
     return rows
 

@@ -12,7 +12,9 @@ One synchronised iteration, as ddp_core runs it:
    (ddp_core writes each bucket back as soon as it is reduced, so where the link is the bottleneck
    part of the tail hides behind later buckets; the model keeps the whole tail: slightly pessimistic.)
 Where communication runs on the compute cores (Gloo on a CPU), nothing overlaps: the cores do the
-backward and every all-reduce one after the other. With reduce-every-n, n-1 iterations only compute
+backward and every all-reduce one after the other. Over a link (`ddpbench run --link`) the wire
+works apart from the cores, which still do each all-reduce's CPU share: the iteration waits for
+whichever finishes later, the cores or the wire. With reduce-every-n, n-1 iterations only compute
 (forward and a local backward) and the n-th synchronises; the prediction is the mean over the cycle.
 """
 from __future__ import annotations
@@ -63,10 +65,12 @@ def simulate(profile: Profile, comm: CommModel, schedule: Schedule) -> Predictio
         buckets.append({"bytes": sum(profile.nbytes[i] for i in indices), "ready": ready})
 
     comm_total = sum(comm.allreduce(b["bytes"], p) for b in buckets)
-    if comm.shares_cores:
+    if comm.shares_cores or (comm.inter is not None and p <= comm.per_server and comm.cpu is not None):
         synchronised_backward = profile.backward + comm_total  # the same cores do both, one after the other
     else:
-        synchronised_backward = max(profile.backward, _replay(buckets, comm, p, schedule.process_groups))
+        # The cores compute and do each all-reduce's CPU share; the wire carries the buckets meanwhile.
+        cores = profile.backward + (sum(comm.cpu.allreduce(b["bytes"], p) for b in buckets) if comm.cpu else 0.0)
+        synchronised_backward = max(cores, _replay(buckets, comm, p, schedule.process_groups))
     exposed = synchronised_backward - profile.backward
     breakdown = {"forward": forward, "backward": profile.backward, "exposed_comm": exposed, "tail": profile.tail,
                  "optimizer": profile.optimizer}

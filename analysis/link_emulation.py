@@ -1,0 +1,165 @@
+# %% [markdown]
+# # The emulated cluster: how faithful its links are, and what overlap saves over them
+# Ranks on network namespaces joined by tc-shaped links (`ddpbench run --link RATE`). Three parts:
+# 1. fidelity: the all-reduce's bus bandwidth against the configured rate, per message size
+#    (`link_fidelity`), and the latency a link adds to small messages (against loopback's
+#    `model_allreduce` at the same sizes);
+# 2. overlap: E2's saving against the share of the no-overlap iteration spent communicating, measured
+#    and predicted, beside the best saving possible, min(compute, communication) / no-overlap iteration;
+# 3. the performance model against every emulated run, with the network taken from the link's
+#    configured rate (never fitted to these runs), and tune-bucket's cap against E3's best over links.
+
+# %%
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.common import caption, figure, machine, results_dir, runs, save
+from experiments.network import parse_rate
+from experiments.perfmodel.comm import emulated, fit
+from experiments.perfmodel.commands import measured_latency, predict_rows, recommend, validate
+from experiments.perfmodel.profile import find_profile
+from experiments.perfmodel.simulate import Schedule
+from experiments.records import read_records
+
+FAITHFUL = 0.9  # a link is emulated faithfully when the largest messages reach this share of its rate
+SMALL_BYTES = (1024, 4096)
+
+
+def fidelity_table() -> pd.DataFrame:
+    """Per link and message size: median time, bus bandwidth, its share of the rate, and loopback's time."""
+    frame = runs("link_fidelity", kind="allreduce")
+    if frame.empty:
+        return frame
+    loopback = runs("model_allreduce", kind="allreduce")
+    loopback_p50 = ({} if loopback.empty else
+                    {row.elements * 4: row.summary_p50 for row in loopback.itertuples() if row.world_size == 2})
+    rows = []
+    for row in frame.itertuples():
+        rate_bytes = parse_rate(row.link) / 8
+        nbytes = row.elements * 4
+        rows.append({"link": row.link, "rate_GBps": rate_bytes / 1e9, "bytes": nbytes, "p50_s": row.summary_p50,
+                     "busbw_GBps": row.summary_busbw_GBps, "share_of_rate": row.summary_busbw_GBps * 1e9 / rate_bytes,
+                     "loopback_p50_s": loopback_p50.get(nbytes, np.nan)})
+    return pd.DataFrame(rows).sort_values(["rate_GBps", "bytes"]).reset_index(drop=True)
+
+
+def fidelity_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per link: the share of its rate that messages of 4 MiB and more reach, and the latency it adds."""
+    rows = []
+    for link, group in table.groupby("link", sort=False):
+        large = group[group["bytes"] >= 4 << 20]
+        small = group[group["bytes"].isin(SMALL_BYTES)]
+        rows.append({"link": link, "rate_GBps": group["rate_GBps"].iloc[0],
+                     "large_share_min": large["share_of_rate"].min(), "large_share_max": large["share_of_rate"].max(),
+                     "faithful": bool(large["share_of_rate"].min() >= FAITHFUL) if not large.empty else False,
+                     "small_added_latency_ms": 1e3 * float((small["p50_s"] - small["loopback_p50_s"]).median())})
+    return pd.DataFrame(rows)
+
+
+def overlap_table(folder_records: list[dict], machine_comm) -> pd.DataFrame:
+    """E2 on every network: saving, communication share, the best saving possible, and the model's saving."""
+    rows = []
+    for experiment in ("e2_overlap", "link_e2_overlap"):
+        frame = runs(experiment)
+        for (model, link, ws), group in (frame.groupby(["model", "link", "world_size"]) if not frame.empty else []):
+            by_impl = {impl: g.iloc[0] for impl, g in group.groupby("impl")}
+            if {"ddp_core", "ddp_core_no_overlap"} - set(by_impl):
+                continue
+            on, off = by_impl["ddp_core"], by_impl["ddp_core_no_overlap"]
+            no_overlap = off["summary_p50"]
+            comm = off["exposed_comm_s"]
+            predicted = {}
+            profile = find_profile(folder_records, off)
+            if profile is not None:
+                comm_model = machine_comm if link == "none" else emulated(machine_comm, link, parse_rate(link), 1)
+                rows_predicted = predict_rows(profile, comm_model, [Schedule(world_size=ws, overlap=o) for o in (True, False)])
+                predicted = {"predicted_saving_pct": 100 * (1 - rows_predicted[0]["latency_ms"] / rows_predicted[1]["latency_ms"])}
+            rows.append({"model": model, "link": link, "world_size": ws, "overlap_s": on["summary_p50"],
+                         "no_overlap_s": no_overlap, "saving_pct": 100 * (1 - on["summary_p50"] / no_overlap),
+                         "comm_share_pct": 100 * comm / no_overlap,
+                         "best_possible_pct": 100 * min(comm, no_overlap - comm) / no_overlap, **predicted})
+    return pd.DataFrame(rows)
+
+
+def bucket_table(folder_records: list[dict], machine_comm) -> pd.DataFrame:
+    """Per model and link: tune-bucket's cap for that link against the caps link_e3 measured."""
+    frame = runs("link_e3_bucket_size")
+    rows = []
+    for (model, link, ws), group in (frame.groupby(["model", "link", "world_size"]) if not frame.empty else []):
+        profile = find_profile(folder_records, group.iloc[0])
+        if profile is None:
+            continue
+        caps = sorted(group["bucket_mb"])
+        comm_model = emulated(machine_comm, link, parse_rate(link), 1)
+        recommended = recommend(predict_rows(profile, comm_model, [Schedule(world_size=ws, bucket_mb=c) for c in caps]))
+        latency = {row.bucket_mb: measured_latency({"config": {"sync_every": row.sync_every}, "latency_s": row.latency_s})
+                   for row in group.itertuples()}
+        best = min(latency, key=latency.get)
+        rows.append({"model": model, "link": link, "recommended_mb": recommended["bucket_mb"], "best_measured_mb": best,
+                     "measured_at_recommended_s": latency[recommended["bucket_mb"]], "measured_at_best_s": latency[best],
+                     "recommended_over_best": latency[recommended["bucket_mb"]] / latency[best]})
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    """Tables and the figure of the emulated cluster, from whatever link records exist."""
+    folder = results_dir() / "runs" / machine()
+    records = read_records(folder) if folder.exists() else []
+    if not any(r.get("config", {}).get("link", "none") != "none" for r in records):
+        save(None, pd.DataFrame(), "link_emulation",
+             note="no records over emulated links (`ddpbench network --check` says whether this machine can); skipped")
+        return
+    table = fidelity_table()
+    summary = fidelity_summary(table) if not table.empty else pd.DataFrame()
+    try:
+        machine_comm = fit(records, "gloo", "cpu").model
+    except ValueError:
+        machine_comm = None
+    has_profiles = machine_comm is not None and any(r.get("kind") == "profile" for r in records)
+    overlap = overlap_table(records, machine_comm) if machine_comm is not None else pd.DataFrame()
+    validation = pd.DataFrame(validate(folder)) if has_profiles else pd.DataFrame()
+    if not validation.empty:
+        validation = validation[validation["link"] != "none"]
+
+    fig, (ax_fid, ax_overlap) = figure(caption(runs("link_e2_overlap")), ncols=2, width=5.5)
+    for link, group in table.groupby("link", sort=False) if not table.empty else []:
+        ax_fid.plot(group["bytes"], group["share_of_rate"], marker="o", label=link)
+    ax_fid.axhline(FAITHFUL, color="grey", ls="--", lw=1, label=f"{FAITHFUL:.0%} of the rate")
+    ax_fid.set(xscale="log", ylim=(0, 1.1), xlabel="bytes per all-reduce (2 hosts)",
+               ylabel="bus bandwidth / configured rate", title="fidelity: what each emulated link delivers")
+    ax_fid.legend(fontsize=7)
+    if not overlap.empty:
+        share = np.linspace(0, 100, 101)
+        ax_overlap.plot(share, np.minimum(share, 100 - share), "k--", lw=1,
+                        label="best possible: min(compute, comm) / no-overlap")
+        for link_kind, marker in (("loopback", "s"), ("link", "o")):
+            part = overlap[(overlap["link"] == "none") == (link_kind == "loopback")]
+            for model, group in part.groupby("model"):
+                ax_overlap.scatter(group["comm_share_pct"], group["saving_pct"], marker=marker,
+                                   label=f"{model}, {link_kind} (measured)")
+                if "predicted_saving_pct" in group:
+                    ax_overlap.scatter(group["comm_share_pct"], group["predicted_saving_pct"], marker=marker,
+                                       facecolors="none", edgecolors="grey")
+        ax_overlap.scatter([], [], marker="o", facecolors="none", edgecolors="grey", label="model's prediction")
+        ax_overlap.axhline(0, color="k", lw=0.5)
+    ax_overlap.set(xlabel="communication share of the no-overlap iteration (%)", ylabel="overlap saving (%)",
+                   title="E2: what overlap saves, by communication share")
+    ax_overlap.legend(fontsize=6)
+    save(None, summary, "link_fidelity_summary")
+    save(None, table, "link_fidelity")
+    save(None, overlap, "link_overlap")
+    if has_profiles:
+        save(None, bucket_table(records, machine_comm), "link_bucket_recommendation")
+    errors = validation["error"].abs() if not validation.empty else pd.Series(dtype=float)
+    if not validation.empty:
+        print(f"link_emulation: model over {len(validation)} emulated runs, median |error| {errors.median():.1%}, "
+              f"worst {errors.max():.1%}")
+    save(fig, validation.sort_values("error", key=abs, ascending=False) if not validation.empty else validation,
+         "link_emulation")
+
+
+# %%
+if __name__ == "__main__":
+    main()
