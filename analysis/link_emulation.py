@@ -46,10 +46,10 @@ def fidelity_table() -> pd.DataFrame:
 
 
 def fidelity_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per link: the share of its rate that messages of 4 MiB and more reach, and the latency it adds."""
+    """Per link: the share of its rate that messages of 1 MiB and more reach, and the latency it adds."""
     rows = []
     for link, group in table.groupby("link", sort=False):
-        large = group[group["bytes"] >= 4 << 20]
+        large = group[group["bytes"] >= 1 << 20]
         small = group[group["bytes"].isin(SMALL_BYTES)]
         rows.append({"link": link, "rate_GBps": group["rate_GBps"].iloc[0],
                      "large_share_min": large["share_of_rate"].min(), "large_share_max": large["share_of_rate"].max(),

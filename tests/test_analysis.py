@@ -59,6 +59,30 @@ def test_model_is_validated_against_every_measured_run(smoke):
     assert "model_extrapolation: no profiles of resnet50/bert-base; skipped" in stdout  # tiny models only
 
 
+@pytest.mark.timeout(900)
+def test_the_emulated_part_is_measured_and_reported_beside_loopback(smoke):
+    from experiments.network import check
+
+    if check():
+        pytest.skip(f"this machine cannot emulate a cluster: {check()}")
+    results, _ = smoke
+    runs = results / "runs" / "test-machine"
+    for name in ("link_fidelity", "link_e2_overlap"):
+        text = (runs / f"{name}.jsonl").read_text()
+        assert text.strip() and '"status": "failed"' not in text, name
+    assert (results / "figures" / "link_emulation.png").stat().st_size > 10_000
+    fidelity = pd.read_csv(results / "tables" / "link_fidelity_summary.csv")
+    assert list(fidelity["link"]) == ["1gbit"] and fidelity["large_share_min"].between(0.5, 1.1).all()
+    overlap = pd.read_csv(results / "tables" / "link_overlap.csv")
+    assert {"none", "1gbit"} <= set(overlap["link"])
+    assert (overlap["best_possible_pct"] <= 50).all() and overlap["predicted_saving_pct"].notna().all()
+    validation = pd.read_csv(results / "tables" / "link_emulation.csv")
+    assert len(validation) == 4 and set(validation["link"]) == {"1gbit"}  # 2 models x overlap on/off
+    assert validation["error"].notna().all()
+    report = (results / "report.md").read_text()
+    assert "| 1gbit links |" in report and "| loopback |" in report
+
+
 def test_extrapolation_predicts_every_experiment_point():
     from analysis.model_extrapolation import CAPS, WORLD_SIZES, predictions
     from tests.test_perfmodel import MB, toy_profile
