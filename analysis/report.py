@@ -22,7 +22,7 @@ EXTRA_TABLES = {"link_emulation": {
     "link_fidelity_summary": "Fidelity per link: share of the rate reached by messages of 1 MiB and more, and the "
                              "median latency a link adds to 1-4 KiB messages (against loopback)",
     "link_overlap": "E2 on every network: saving, communication share of the no-overlap iteration, best saving "
-                    "possible, and the model's predicted saving",
+                    "possible (min(compute, communication)), best behind backward alone, and the model's predicted saving",
     "link_bucket_recommendation": "tune-bucket for each link against the best cap measured over it",
 }}
 # E6: "no visible harm" read as a final loss within 25% of reducing every iteration (upper CI bound).
@@ -87,7 +87,9 @@ def network(link: str) -> str:
 def findings() -> list[dict]:
     """The paper's headline findings, each measured on loopback and on every emulated link, side by side."""
     rows = findings_of("") + findings_of("link_")
-    order = {row["finding"]: i for i, row in enumerate(rows)}  # each finding, then its networks
+    order: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        order.setdefault(row["finding"], i)  # each finding where it first appears, then its networks
     return sorted(rows, key=lambda row: order[row["finding"]])
 
 
