@@ -19,8 +19,8 @@ SCRIPTS = ["e1_allreduce", "e2_overlap", "e3_bucket_size", "e4_scaling", "e5_ski
            "e7_round_robin", "e8_backends", "model_validation", "model_extrapolation", "link_emulation", "sweep_overhead"]
 # Tables a script writes besides its own, shown under its section.
 EXTRA_TABLES = {"link_emulation": {
-    "link_fidelity_summary": "Fidelity per link: share of the rate reached by messages of 1 MiB and more, and the "
-                             "median latency a link adds to 1-4 KiB messages (against loopback)",
+    "link_fidelity_summary": "Fidelity per link: share of the rate reached by messages of 4 MiB and more, and the "
+                             "median time of 1-16 KiB all-reduces over the link and on loopback",
     "link_overlap": "E2 on every network: saving, communication share of the no-overlap iteration, best saving "
                     "possible (min(compute, communication)), best behind backward alone, and the model's predicted saving",
     "link_bucket_recommendation": "tune-bucket for each link against the best cap measured over it",
