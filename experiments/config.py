@@ -57,7 +57,7 @@ def parse_list(name: str, text: str) -> list:
     kind = _TYPES[LIST_PARAMS[name]]
     values = []
     for item in text.split(","):
-        item = item.strip()
+        item = item.strip().lower() if name == "link" else item.strip()  # tc's units: 1gbit, 1Gbit, 1GBIT
         try:
             values.append(kind(item))
         except ValueError:

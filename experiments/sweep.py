@@ -21,9 +21,9 @@ from typing import Callable
 import torch.distributed as dist
 from tqdm import tqdm
 
+from . import network
 from .config import RunConfig
 from .harness import PHASES, measure
-from . import network
 from .launch import RankFailed, RankPool, RanksTimedOut
 from .records import LATER_FIELDS, append_record, config_key, environment, recorded_keys
 from .stats import slowest_rank_per_cycle, summarize
