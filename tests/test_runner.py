@@ -52,6 +52,50 @@ def test_unwritable_output_is_rejected_before_running(tmp_path, capsys):
     assert "cannot create it" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where", ["out", "trace"])
+def test_every_write_target_is_checked_before_any_rank_starts(tmp_path, capsys, where):
+    out = tmp_path / "records.jsonl"
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    bad = {"out": ["--out", "/proc/x.jsonl"], "trace": ["--out", str(out), "--trace", str(blocker)]}[where]
+    assert main(["run", *TINY, *bad]) == 2
+    assert f"ddpbench run: error: --{where}=" in capsys.readouterr().err  # the exit-2 message, no traceback
+    assert main(["run", *TINY, "--out", str(out), "--trace", "/proc/traces"]) == 2
+    assert "--trace='/proc/traces': cannot create it under '/proc'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_ab_and_history_check_their_output_folders(capsys):
+    assert main(["ab", "HEAD", "--keep", "/proc/ab-records"]) == 2
+    assert "--keep='/proc/ab-records': cannot create it" in capsys.readouterr().err
+    assert main(["history", "HEAD", "--results", "/proc/results"]) == 2
+    assert "--results='/proc/results': cannot create it" in capsys.readouterr().err
+
+
+def test_help_lists_allowed_values_and_describes_every_option(capsys):
+    from experiments.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for allowed in ("bert-base, bert-tiny, resnet-tiny, resnet50",
+                    "ddp_core, ddp_core_no_overlap, torch", "none, allreduce, fp16, bf16", "nccl, gloo, mpi",
+                    "cpu, cuda"):
+        assert allowed in text, allowed
+    commands = build_parser().parse_args(["run", "--out", "x"]).subcommands
+    for name in ("allreduce", "train"):
+        for action in commands[name]._actions:
+            assert action.help, f"ddpbench {name} {action.option_strings} has no description"
+
+
+def test_an_unknown_option_prints_the_sub_commands_usage(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--bogus", "1", "--out", "x.jsonl"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ddpbench train") and "unrecognized arguments: --bogus 1" in err
+
+
 def test_nccl_world_size_above_gpu_count_is_rejected():
     with pytest.raises(ConfigError, match="--world-size=4 exceeds the 2 GPU"):
         validate(RunConfig(backend="nccl", device="cuda", world_size=4), gpu_count=2)
