@@ -127,6 +127,13 @@ def test_analysis_runs_on_a_subset_of_results(smoke, tmp_path):
     assert report.count("Not measured on this machine.") >= 6
 
 
+def test_run_all_help_prints_its_usage_only():
+    done = subprocess.run(["./run_all.sh", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("The main job:")
+    assert "./run_all.sh [--profile smoke|quick|full]" in done.stdout
+    assert "set -euo" not in done.stdout and "#" not in done.stdout
+
+
 def test_analysis_scripts_are_jupytext_percent_notebooks():
     for script in sorted((ROOT / "analysis").glob("e*.py")) + [ROOT / "analysis" / "report.py"]:
         text = script.read_text()
