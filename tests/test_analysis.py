@@ -127,6 +127,18 @@ def test_caption_keeps_the_whole_cpu_name_and_shortens_only_the_commit():
     assert caption(frame) == "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz (2 cores); torch 2.5.1+cpu; commit c1aa1c200000"
 
 
+def test_a_log_axis_is_labelled_plainly_at_the_measured_values():
+    from analysis.common import figure, plain_ticks
+
+    fig, (ax,) = figure("caption")
+    ax.plot([1, 2, 4, 8], [4, 3, 2, 1])
+    ax.set_xscale("log")
+    plain_ticks(ax, [1, 2, 4, 8])
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8"]
+    assert not [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]  # no 3x10^0 beside 4x10^0
+
+
 def test_extrapolation_predicts_every_experiment_point():
     from analysis.model_extrapolation import CAPS, WORLD_SIZES, predictions
     from tests.test_perfmodel import MB, toy_profile
