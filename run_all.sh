@@ -6,7 +6,8 @@
 # The profile defaults to the hardware: full with GPUs (NCCL and Gloo, real input sizes), quick on CPUs
 # (Gloo, world sizes 1 and 2, reduced input sizes; about 30 minutes on 2 cores). smoke uses tiny models
 # and writes to results/smoke/ instead of results/. Finished configs are kept and not measured again;
-# --rerun moves this machine's earlier records aside first. The report is results/report.md.
+# --rerun moves this machine's earlier records aside first. The report is results/report.md
+# (results/smoke/report.md for smoke).
 set -euo pipefail
 cd "$(dirname "$0")"
 profile="" only="" rerun=0
@@ -15,7 +16,8 @@ while [ $# -gt 0 ]; do
     --profile) profile="${2:?--profile needs smoke, quick or full}"; shift 2 ;;
     --only) only="${2:?--only needs a comma-separated list of experiments}"; shift 2 ;;
     --rerun) rerun=1; shift ;;
-    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    # the comment block at the top, without its "# " (it ends at the first line that is not a comment)
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "run_all.sh: unknown argument '$1'; allowed: --profile smoke|quick|full, --only LIST, --rerun" >&2; exit 2 ;;
   esac
 done

@@ -5,10 +5,12 @@ Set DDPBENCH_RESULTS to read and write another results folder (the tests do).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # files only, no screen
 import matplotlib.pyplot as plt  # noqa: E402
@@ -43,7 +45,7 @@ def machine() -> str:
 
 def runs(experiment: str, kind: str = "run") -> pd.DataFrame:
     """Successful records of one experiment (results/runs/<machine>/<experiment>.jsonl); empty if none."""
-    path = results_dir() / "runs" / machine() / f"{experiment}.jsonl"
+    path = runs_folder() / f"{experiment}.jsonl"
     if not path.exists():
         return pd.DataFrame()
     frame = load_records(path, kind=kind)
@@ -76,22 +78,52 @@ def with_spread(frame: pd.DataFrame, column: str = "latency_s") -> pd.DataFrame:
 
 def caption(frame: pd.DataFrame) -> str:
     """Hardware and commit of the records behind a figure, for its caption."""
-    def values(column: str) -> str:
+    def values(column: str, width: int | None = None) -> str:
         if column not in frame:
             return "?"
-        return ", ".join(sorted({str(v)[:12] for v in frame[column].dropna()})) or "?"
+        return ", ".join(sorted({str(v)[:width] for v in frame[column].dropna()})) or "?"
 
     gpu = values("env_gpu")
     hardware = f"{values('env_cpu')} ({values('env_cpu_count')} cores)" + ("" if gpu == "?" else f", GPU {gpu}")
-    return f"{hardware}; torch {values('env_torch')}; commit {values('env_git_commit')}"
+    return f"{hardware}; torch {values('env_torch')}; commit {values('env_git_commit', width=12)}"  # short hashes
+
+
+def runs_folder() -> Path:
+    """The folder of this machine's records: results/runs/<machine>/ (under $DDPBENCH_RESULTS)."""
+    return results_dir() / "runs" / machine()
+
+
+def job_profiles() -> dict[str, str]:
+    """Which run_all.sh profile (smoke, quick, full) measured each experiment here; empty if unknown."""
+    path = runs_folder() / "profile.json"  # written by experiments/profiles.py beside the records
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def where(path: Path) -> str:
+    """`path` as a reader types it: relative to the repository where it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def save(fig: plt.Figure | None, table: pd.DataFrame, name: str, note: str = "") -> Path:
-    """Write results/figures/<name>.png (if any) and results/tables/<name>.csv; returns the figure path."""
+    """Write results/figures/<name>.png (if any) and results/tables/<name>.csv; returns the figure path.
+
+    A `note` with an empty table (why it is empty) is kept in results/tables/<name>.note for the report.
+    """
     figures, tables = results_dir() / "figures", results_dir() / "tables"
     figures.mkdir(parents=True, exist_ok=True)
     tables.mkdir(parents=True, exist_ok=True)
     table.to_csv(tables / f"{name}.csv", index=False)
+    note_file = tables / f"{name}.note"
+    if note and table.empty:
+        note_file.write_text(note)
+    else:
+        note_file.unlink(missing_ok=True)  # an earlier run's reason no longer applies
     path = figures / f"{name}.png"
     if fig is not None:
         fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -106,6 +138,12 @@ def figure(caption_text: str, ncols: int = 1, width: float = 6.0) -> tuple[plt.F
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 4.2), squeeze=False)
     fig.text(0.5, -0.04, caption_text, ha="center", fontsize=7, wrap=True)
     return fig, list(axes[0])
+
+
+def plain_ticks(ax, values) -> None:
+    """Label a log axis at the measured values only, as plain numbers (not 3x10^0 minor labels that overlap)."""
+    ax.set_xticks(values, [f"{v:g}" for v in values])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
 def line_with_band(ax, frame: pd.DataFrame, x: str, label: str, y: str = "median") -> None:
@@ -135,6 +173,8 @@ def latency_against(experiment: str, x: str, xlabel: str, title: str, xscale: st
             line_with_band(ax, group, x, f"{backend}, {world_size} ranks")
         ylabel = "mean seconds per iteration per cycle (median, IQR)" if per_cycle else "seconds per iteration (median, IQR)"
         ax.set(xscale=xscale, xlabel=xlabel, ylabel=ylabel, title=f"{title}: {model}")
+        if xscale == "log":
+            plain_ticks(ax, sorted(frame[x].unique()))
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)

@@ -71,7 +71,7 @@ def main() -> None:
     ax_val.plot(grid, grid, "k-", lw=1)
     ax_val.fill_between(grid, grid * 0.9, grid * 1.1, color="grey", alpha=0.2, label="within 10%")
     errors = rows["error"].abs()
-    ax_val.set(xlabel="measured seconds per iteration (median)", ylabel="predicted",
+    ax_val.set(xlabel="measured seconds per iteration (median)", ylabel="predicted seconds per iteration",
                title=f"{len(rows)} runs: median |error| {errors.median():.1%}, worst {errors.max():.1%}")
     ax_val.legend(fontsize=7)
     save(None, fitted, "model_allreduce_fit")

@@ -135,6 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Check out both revisions, run the preset alternately, compare; 1 if HEAD is slower, 2 on bad input."""
+    from .cli import check_folder  # cli imports this module
+
     rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
     try:
         if rounds < MIN_PAIRED_ROUNDS:
@@ -143,6 +145,8 @@ def main(args: argparse.Namespace) -> int:
         check_verdict_options(args.threshold, args.confidence)
         if args.keep and any((args.keep / f"{name}.jsonl").exists() for name in ("base", "head")):
             raise ConfigError(f"--keep={str(args.keep)!r} already holds records; choose a new folder")
+        if args.keep:
+            check_folder(args.keep, "keep")
         revisions = {name: git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=args.repo)
                      for name, rev in (("base", args.base_rev), ("head", args.head_rev))}
     except ConfigError as error:

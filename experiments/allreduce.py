@@ -46,16 +46,21 @@ class AllreduceConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `allreduce` sub-command's options."""
-    parser.add_argument("--mode", default="granularity,size", help="granularity (E1), size (sweep), or both")
-    parser.add_argument("--backend", help=f"comma-separated of {', '.join(BACKENDS)}")
-    parser.add_argument("--device", help=f"one of {', '.join(DEVICES)}")
-    parser.add_argument("--world-size", default="2", help="comma-separated rank counts")
-    parser.add_argument("--total", type=int, default=60_000_000, help="float32 elements in all, for E1")
-    parser.add_argument("--per-call", default=DEFAULT_PER_CALL, help="elements per all-reduce call, for E1")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help="message sizes in bytes, for the sweep")
-    parser.add_argument("--reps", type=int, default=5, help="timed repetitions per row")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="compute threads per rank")
+    parser.add_argument("--mode", default="granularity,size",
+                        help="comma-separated of granularity (E1), size (sweep); default both")
+    parser.add_argument("--backend",
+                        help=f"comma-separated of {', '.join(BACKENDS)}; default nccl with GPUs, else gloo")
+    parser.add_argument("--device", help=f"one of {', '.join(DEVICES)}; default cuda with GPUs, else cpu")
+    parser.add_argument("--world-size", default="2", help="comma-separated rank counts (default 2)")
+    parser.add_argument("--total", type=int, default=60_000_000,
+                        help="float32 elements in all, for E1 (default 60000000)")
+    parser.add_argument("--per-call", default=DEFAULT_PER_CALL,
+                        help=f"comma-separated elements per all-reduce call, for E1 (default {DEFAULT_PER_CALL})")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES,
+                        help="comma-separated message sizes in bytes, for the sweep (default 1 KiB to 256 MiB, x4)")
+    parser.add_argument("--reps", type=int, default=5, help="timed repetitions per row (default 5)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed repetitions before the timed ones (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="compute threads per rank (default 1)")
     add_network_arguments(parser)
 
 

@@ -10,19 +10,34 @@ import dataclasses
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
-from .config import (LIST_PARAMS, ConfigError, RunConfig, check_network_available, default_backend_and_device,
-                     expand_grid, parse_list)
+from ddp_core.hooks import HOOKS
+
+from .config import (BACKENDS, DEVICES, IMPLS, LIST_PARAMS, ConfigError, RunConfig, check_network_available,
+                     default_backend_and_device, expand_grid, parse_list)
+from .workloads import WORKLOADS
 
 EXIT_BAD_INPUT = 2
+
+
+# The allowed values of the `run` lists that take names, shown in --help.
+ALLOWED = {"model": sorted(WORKLOADS), "impl": list(IMPLS), "comm_hook": ["none", *HOOKS], "backend": list(BACKENDS),
+           "device": list(DEVICES)}
+DEFAULT_BY_HARDWARE = {"backend": "nccl with GPUs, else gloo", "device": "cuda with GPUs, else cpu",
+                       "threads": "the cores shared among the ranks"}
 
 
 def _add_list_params(parser: argparse.ArgumentParser, names: list[str]) -> None:
     defaults = RunConfig()
     for name in names:
+        allowed = f" of {', '.join(ALLOWED[name])}" if name in ALLOWED else ""
+        if name == "link":
+            allowed = " of none (loopback) or link rates such as 1gbit (emulated hosts; needs root)"
+        default = DEFAULT_BY_HARDWARE.get(name, repr(getattr(defaults, name)))
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="LIST",
-                            help=f"comma-separated; default {getattr(defaults, name)!r}")
+                            help=f"comma-separated{allowed}; default {default}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import network
 
     network.add_arguments(sub.add_parser("network", help="can this machine emulate a cluster (--link)? clean up"))
+    parser.set_defaults(subcommands=sub.choices)  # main() reports a sub-command's unknown options with its usage
     return parser
 
 
@@ -79,17 +95,47 @@ def resolve_run_configs(args: argparse.Namespace) -> list[RunConfig]:
     return configs
 
 
-def check_output(path: Path) -> None:
-    """Refuse an output we could not append to, before anything runs."""
+def check_output(path: Path, flag: str = "out") -> None:
+    """Refuse an output file we could not append to, before anything runs (nothing is written)."""
     if path.exists():
-        if path.is_dir() or not os.access(path, os.W_OK):
-            raise ConfigError(f"--out={str(path)!r} is not a writable file")
+        try:  # opening for appending writes nothing, and is the only answer root and /proc do not fool
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        except OSError as error:
+            raise ConfigError(f"--{flag}={str(path)!r} is not a writable file ({error.strerror})") from None
+        if path.is_dir():
+            raise ConfigError(f"--{flag}={str(path)!r} is a folder, not a file")
         return
-    ancestor = path.parent.resolve()
+    _check_creatable(path, flag)
+
+
+def check_folder(path: Path, flag: str) -> None:
+    """Refuse an output folder we could not write files into, before anything runs (nothing is left behind)."""
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"--{flag}={str(path)!r} is not a folder")
+        _try_writing_in(path, path, flag)
+        return
+    _check_creatable(path, flag)
+
+
+def _check_creatable(path: Path, flag: str) -> None:
+    ancestor = path.parent.absolute()
     while not ancestor.exists():
         ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
-        raise ConfigError(f"--out={str(path)!r}: cannot create it under {str(ancestor)!r} (not writable)")
+    if not ancestor.is_dir():
+        raise ConfigError(f"--{flag}={str(path)!r}: cannot create it, {str(ancestor)!r} is a file")
+    _try_writing_in(ancestor, path, flag)
+
+
+def _try_writing_in(folder: Path, path: Path, flag: str) -> None:
+    # Permission bits say nothing for root, and /proc or a read-only mount refuse only an actual
+    # attempt: create a temporary file there, which is removed at once.
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ConfigError(f"--{flag}={str(path)!r}: cannot create it under {str(folder)!r} "
+                          f"({error.strerror or error})") from None
 
 
 def check_positive(name: str, value: float) -> None:
@@ -104,7 +150,10 @@ def _terminate(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (0 ok, 1 some config failed, 2 bad input, 130 Ctrl-C)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would print the top-level usage; the sub-command's says what it takes
+        args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     # A polite kill (SIGTERM) unwinds like Ctrl-C, so ranks and emulated networks are removed on the way out.
     signal.signal(signal.SIGTERM, _terminate)
     from . import ab, allreduce, compare, train
@@ -126,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_positive("timeout", args.timeout)
         check_output(args.out)
+        if getattr(args, "trace", None) is not None:
+            check_folder(args.trace, "trace")
         mode = {"allreduce": allreduce, "train": train, "profile": perfmodel}.get(args.command)
         jobs = resolve_run_configs(args) if mode is None else mode.resolve(args)
         check_network_available(jobs)
@@ -133,14 +184,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    size_before = args.out.stat().st_size if args.out.exists() else 0
     try:
         if mode is None:
             counts = run_sweep(jobs, args.out, resume=args.resume, timeout=args.timeout, trace_dir=args.trace)
         else:
             counts = mode.run(jobs, args)
     except KeyboardInterrupt:
-        print(f"\nddpbench: interrupted; finished configs are in {args.out}; add --resume to continue",
-              file=sys.stderr)
+        if args.out.exists() and args.out.stat().st_size > size_before:
+            print(f"\nddpbench: interrupted; finished configs are in {args.out}; add --resume to continue",
+                  file=sys.stderr)
+        else:
+            print(f"\nddpbench: interrupted before any config finished; nothing was added to {args.out}",
+                  file=sys.stderr)
         return 130
     print(f"ddpbench {args.command}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped "
           f"(already recorded); records in {args.out}")

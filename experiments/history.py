@@ -192,12 +192,15 @@ def rows_by_commit(rows: list[dict], commits: list[str]) -> list[dict | None]:
 
 def main(args: argparse.Namespace) -> int:
     """Measure what is missing, then write the table and the figure; 2 on bad input."""
+    from .cli import check_folder  # cli imports this module
+
     rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
     try:
         if rounds < 1:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= 1")
         check_verdict_options(args.threshold, args.confidence)
         commits = resolve(args.revisions, args.repo)
+        check_folder(args.results, "results")  # records, table and figure go under it
     except ConfigError as error:
         print(f"ddpbench history: error: {error}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -123,6 +124,17 @@ def link_commands(profile: str, common: list[str]) -> dict[str, list[str]]:
     }
 
 
+PROFILE_FILE = "profile.json"  # beside the records: which profile measured each experiment (the report says)
+
+
+def note_profile(out_dir: Path, experiment: str, profile: str) -> None:
+    """Remember in out_dir/profile.json that `experiment` was measured with `profile`."""
+    path = out_dir / PROFILE_FILE
+    known = json.loads(path.read_text()) if path.exists() else {}
+    known[experiment] = profile
+    path.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every experiment of a profile, each into its own record file; resumes finished configs."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         status = ddpbench([*plan[name], "--out", str(args.out_dir / f"{name}.jsonl"), "--resume"])
         if status == 2:
             return 2
+        note_profile(args.out_dir, name, args.profile)
         failed += status != 0
     return 1 if failed else 0
 

@@ -25,7 +25,7 @@ from . import network
 from .config import RunConfig
 from .harness import PHASES, measure
 from .launch import RankFailed, RankPool, RanksTimedOut
-from .records import LATER_FIELDS, append_record, config_key, environment, recorded_keys
+from .records import LATER_FIELDS, SchemaError, append_record, config_key, environment, recorded_keys
 from .stats import slowest_rank_per_cycle, summarize
 
 
@@ -53,10 +53,26 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
     }
 
 
-def summary_line(record: dict) -> str:
-    """One line per finished job: what it was, and its p50 latency (and throughput where it has one)."""
+# Fields a summary line leaves out unless they vary within the sweep: they rarely tell configs apart.
+QUIET_FIELDS = ("iters", "warmup", "seed", "reps", "threads")
+
+
+def varying_fields(jobs: list) -> set[str]:
+    """The config fields whose values differ among `jobs` (what tells their summary lines apart)."""
+    values: dict[str, set] = {}
+    for job in jobs:
+        for k, v in dataclasses.asdict(job).items():
+            values.setdefault(k, set()).add(v)
+    return {k for k, v in values.items() if len(v) > 1}
+
+
+def summary_line(record: dict, varying: set[str] = frozenset()) -> str:
+    """One line per finished job: what it was, and its p50 latency (and throughput where it has one).
+
+    Fields in QUIET_FIELDS are shown only where they are in `varying` (they differ within the sweep).
+    """
     what = " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in record["config"].items()
-                    if k not in ("iters", "warmup", "seed", "reps", "threads") and LATER_FIELDS.get(k, ...) != v)
+                    if (k not in QUIET_FIELDS or k in varying) and LATER_FIELDS.get(k, ...) != v)
     if record["status"] != "ok":
         return f"FAILED {what}: {record['error'].strip().splitlines()[-1]}"
     s = record["summary"]
@@ -78,7 +94,11 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
     done = recorded_keys(out) if resume else set()
     todo = [job for job in jobs if config_key(dataclasses.asdict(job)) not in done]
     counts = {"ok": 0, "failed": 0, "skipped": len(jobs) - len(todo)}
+    if not resume:
+        warn_already_recorded(jobs, out)
+    warn_oversubscribed(todo)
     env = environment(threads=todo[0].threads if todo else None)
+    varying = varying_fields(jobs)
     bar = tqdm(total=len(todo), unit="config", disable=not sys.stderr.isatty(), dynamic_ncols=True)
     say = echo if bar.disable else bar.write
     try:
@@ -108,13 +128,42 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
                         on_record(job, record, per_rank)
                     counts[record["status"]] += 1
                     bar.update()
-                    say(summary_line(record))
+                    # N/M on every line: the only progress shown where stderr is not a terminal (CI, a log)
+                    say(f"[{counts['ok'] + counts['failed']}/{len(todo)}] {summary_line(record, varying)}")
             finally:
                 if pool is not None:
                     pool.close(graceful=sys.exc_info()[0] is None)
     finally:
         bar.close()
     return counts
+
+
+def warn_already_recorded(jobs: list, out: Path) -> None:
+    """Say so when `out` already holds successful records of some of `jobs` (they are measured again)."""
+    try:
+        done = recorded_keys(out)
+    except SchemaError:
+        return  # an unreadable file: appending still works, and --resume would say what is wrong
+    again = sum(config_key(dataclasses.asdict(job)) in done for job in jobs)
+    if again:
+        print(f"ddpbench: note: {out} already holds records of {again} of these {len(jobs)} configs; they are "
+              "measured again and appended as new records (add --resume to skip them)", file=sys.stderr)
+
+
+def warn_oversubscribed(jobs: list, cores: int | None = None) -> list[str]:
+    """Warn (and return the warnings) where threads per rank x ranks on this host exceed its cores."""
+    cores = cores or os.cpu_count() or 1
+    # Under torchrun only this host's ranks share its cores.
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    warnings = []
+    for threads, ranks in sorted({(job.threads, local or job.world_size) for job in jobs}):
+        if threads * ranks > cores:
+            warnings.append(f"ddpbench: warning: {ranks} ranks x {threads} threads per rank = {threads * ranks} "
+                            f"threads on {cores} cores: ranks wait for a core, and the latency measured includes "
+                            "that wait (lower --threads or --world-size)")
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    return warnings
 
 
 def run_sweep(configs: list[RunConfig], out: Path, resume: bool = False, timeout: float = 600.0,
@@ -151,6 +200,11 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
     dist.broadcast_object_list(shared, src=0)  # every rank must skip the same configs
     counts = {"ok": 0, "failed": 0, "skipped": 0}
     env = environment(threads=configs[0].threads if configs else None) if rank == 0 else {}
+    varying = varying_fields(configs)
+    if rank == 0:
+        warn_oversubscribed(configs)
+        if not resume:
+            warn_already_recorded(configs, out)
     for config in configs:
         if config_key(dataclasses.asdict(config)) in shared[0]:
             counts["skipped"] += 1
@@ -164,7 +218,7 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
             append_record(out, record)
             if trace_dir is not None:
                 write_trace(trace_dir, config, gathered)
-            echo(summary_line(record))
+            echo(f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}] {summary_line(record, varying)}")
         counts["ok"] += 1
     return counts
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from ddp_core import DistributedDataParallel
 
-from .config import (ConfigError, add_network_arguments, default_backend_and_device, parse_ints,
+from .config import (BACKENDS, DEVICES, ConfigError, add_network_arguments, default_backend_and_device, parse_ints,
                      parse_network_arguments, validate_backend)
 from .harness import rank_device
 
@@ -48,15 +48,17 @@ class TrainConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `train` sub-command's options."""
-    parser.add_argument("--sync-every", default="1,2,4,8", help="comma-separated n: reduce every n iterations")
-    parser.add_argument("--backend")
-    parser.add_argument("--device")
-    parser.add_argument("--world-size", default="2")
-    parser.add_argument("--batch-size", type=int, default=16, help="per rank and iteration")
-    parser.add_argument("--iters", type=int, default=400)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--sync-every", default="1,2,4,8",
+                        help="comma-separated n: reduce every n iterations (default 1,2,4,8)")
+    parser.add_argument("--backend", help=f"comma-separated of {', '.join(BACKENDS)}; default nccl with GPUs, "
+                        "else gloo")
+    parser.add_argument("--device", help=f"one of {', '.join(DEVICES)}; default cuda with GPUs, else cpu")
+    parser.add_argument("--world-size", default="2", help="comma-separated rank counts (default 2)")
+    parser.add_argument("--batch-size", type=int, default=16, help="samples per rank and iteration (default 16)")
+    parser.add_argument("--iters", type=int, default=400, help="training iterations, all recorded (default 400)")
+    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate, momentum 0.9 (default 0.05)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the student's weights and the data (default 0)")
+    parser.add_argument("--threads", type=int, default=1, help="compute threads per rank (default 1)")
     add_network_arguments(parser)
 
 

@@ -83,6 +83,62 @@ def test_the_emulated_part_is_measured_and_reported_beside_loopback(smoke):
     assert "| 1gbit links |" in report and "| loopback |" in report
 
 
+@pytest.mark.timeout(900)
+def test_smoke_report_names_its_folder_and_hardware_and_says_it_checks_plumbing(smoke):
+    from experiments.records import environment
+
+    results, _ = smoke
+    report = (results / "report.md").read_text()
+    assert f"from the records under `{results / 'runs' / 'test-machine'}/`" in report
+    assert "re-run `./run_all.sh --profile smoke` to measure again" in report
+    assert "results/runs/test-machine" not in report.replace(str(results), "")
+    assert f"Hardware: {environment()['cpu']} (" in report  # the whole CPU name, not its first 12 characters
+    assert "checks the plumbing" in report and "(smoke: a check of the plumbing, not findings)" in report
+    assert "Skipped: no profiles of resnet50/bert-base: the prediction scales" in report
+    assert "## Repeats that disagree" in report
+
+
+def test_repeats_of_one_config_that_disagree_are_listed():
+    from analysis.report import disagreeing_repeats
+    from experiments.config import RunConfig
+    import dataclasses
+
+    def frame(*rows):
+        return pd.DataFrame([{**dataclasses.asdict(RunConfig(**config)), "latency_s": samples}
+                             for config, samples in rows])
+
+    fast, slow, noisy = [0.057, 0.058, 0.059, 0.058], [0.145, 0.146, 0.147, 0.146], [0.03, 0.05, 0.1, 0.2]
+    table = disagreeing_repeats({
+        "e2_overlap": frame(({}, fast), ({"model": "bert-tiny"}, fast)),
+        "e3_bucket_size": frame(({"iters": 4}, slow), ({"model": "bert-tiny"}, noisy)),
+        "e4_scaling": frame(({"world_size": 1}, slow)),
+    })
+    assert list(table["config"]) == ["resnet-tiny, 2 ranks, 25 MB, ddp_core"]  # bert-tiny overlaps; ws 1 once
+    assert table["slowest/fastest"].item() == pytest.approx(146 / 58)
+    assert "e2_overlap 58.0 [57.8-58.2]; e3_bucket_size 146.0" in table["repeats (median ms [IQR])"].item()
+    assert disagreeing_repeats({"e2_overlap": pd.DataFrame()}).empty
+
+
+def test_caption_keeps_the_whole_cpu_name_and_shortens_only_the_commit():
+    from analysis.common import caption
+
+    frame = pd.DataFrame({"env_cpu": ["Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"], "env_cpu_count": [2],
+                          "env_torch": ["2.5.1+cpu"], "env_git_commit": ["c1aa1c2" + "0" * 33]})
+    assert caption(frame) == "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz (2 cores); torch 2.5.1+cpu; commit c1aa1c200000"
+
+
+def test_a_log_axis_is_labelled_plainly_at_the_measured_values():
+    from analysis.common import figure, plain_ticks
+
+    fig, (ax,) = figure("caption")
+    ax.plot([1, 2, 4, 8], [4, 3, 2, 1])
+    ax.set_xscale("log")
+    plain_ticks(ax, [1, 2, 4, 8])
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8"]
+    assert not [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]  # no 3x10^0 beside 4x10^0
+
+
 def test_extrapolation_predicts_every_experiment_point():
     from analysis.model_extrapolation import CAPS, WORLD_SIZES, predictions
     from tests.test_perfmodel import MB, toy_profile
@@ -125,6 +181,13 @@ def test_analysis_runs_on_a_subset_of_results(smoke, tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "![e3_bucket_size](figures/e3_bucket_size.png)" in report
     assert report.count("Not measured on this machine.") >= 6
+
+
+def test_run_all_help_prints_its_usage_only():
+    done = subprocess.run(["./run_all.sh", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("The main job:")
+    assert "./run_all.sh [--profile smoke|quick|full]" in done.stdout
+    assert "set -euo" not in done.stdout and "#" not in done.stdout
 
 
 def test_analysis_scripts_are_jupytext_percent_notebooks():

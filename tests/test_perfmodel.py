@@ -121,6 +121,16 @@ def test_recommend_prefers_the_smaller_cap_among_near_ties():
     assert recommend(rows)["bucket_mb"] == 5
 
 
+def test_near_ties_are_named_as_a_range_of_caps():
+    from experiments.perfmodel.commands import caps_text, near_best
+
+    rows = [{"bucket_mb": 5, "latency_ms": 100.5}, {"bucket_mb": 50, "latency_ms": 100.0},
+            {"bucket_mb": 25, "latency_ms": 100.9}, {"bucket_mb": 0, "latency_ms": 130.0}]
+    assert [row["bucket_mb"] for row in near_best(rows)] == [5, 25, 50]
+    assert caps_text([5, 25, 50], [0, 5, 25, 50]) == "5-50 MB"
+    assert caps_text([5, 50], [0, 5, 25, 50]) == "5, 50 MB"  # 25 is not within 1%: no range
+
+
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "profile.jsonl"
@@ -167,6 +177,21 @@ def test_predict_and_tune_bucket_print_json(tiny_profile, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["profile"]["world_size"] == 2
     assert result["recommended_bucket_mb"] in [row["bucket_mb"] for row in result["predictions"]]
+
+
+@pytest.mark.timeout(180)
+def test_predict_says_which_profile_and_warns_of_a_cpu_profile_for_a_gpu_cluster(tiny_profile, capsys):
+    argv = ["predict", "--profile", str(tiny_profile), "--model", "resnet-tiny", "--cluster", "paper-v100-nccl"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert (f"profile: resnet-tiny on cpu, batch 2, image size 16, sequence length 32, 1 thread(s), measured alone "
+            f"(1 copy); from {tiny_profile}") in out
+    assert "warning: a CPU profile used for the GPU cluster --cluster=paper-v100-nccl" in err
+    assert main([*argv, "--compute-s", "0.05"]) == 0
+    out, err = capsys.readouterr()
+    assert "scaled to 0.05 s of compute per iteration" in out and "warning" not in err
+    assert main(["tune-bucket", *argv[1:], "--compute-s", "0.05", "--world-size", "32"]) == 0
+    assert "recommended --bucket-mb" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -1,4 +1,5 @@
 """The experiment runner: grid, validation, records, resume, faults, and tiny end-to-end sweeps."""
+import dataclasses
 import json
 import os
 import signal
@@ -50,6 +51,50 @@ def test_unwritable_output_is_rejected_before_running(tmp_path, capsys):
     blocker.write_text("")
     assert main(["run", *TINY, "--out", str(blocker / "records.jsonl")]) == 2
     assert "cannot create it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["out", "trace"])
+def test_every_write_target_is_checked_before_any_rank_starts(tmp_path, capsys, where):
+    out = tmp_path / "records.jsonl"
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    bad = {"out": ["--out", "/proc/x.jsonl"], "trace": ["--out", str(out), "--trace", str(blocker)]}[where]
+    assert main(["run", *TINY, *bad]) == 2
+    assert f"ddpbench run: error: --{where}=" in capsys.readouterr().err  # the exit-2 message, no traceback
+    assert main(["run", *TINY, "--out", str(out), "--trace", "/proc/traces"]) == 2
+    assert "--trace='/proc/traces': cannot create it under '/proc'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_ab_and_history_check_their_output_folders(capsys):
+    assert main(["ab", "HEAD", "--keep", "/proc/ab-records"]) == 2
+    assert "--keep='/proc/ab-records': cannot create it" in capsys.readouterr().err
+    assert main(["history", "HEAD", "--results", "/proc/results"]) == 2
+    assert "--results='/proc/results': cannot create it" in capsys.readouterr().err
+
+
+def test_help_lists_allowed_values_and_describes_every_option(capsys):
+    from experiments.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for allowed in ("bert-base, bert-tiny, resnet-tiny, resnet50",
+                    "ddp_core, ddp_core_no_overlap, torch", "none, allreduce, fp16, bf16", "nccl, gloo, mpi",
+                    "cpu, cuda"):
+        assert allowed in text, allowed
+    commands = build_parser().parse_args(["run", "--out", "x"]).subcommands
+    for name in ("allreduce", "train"):
+        for action in commands[name]._actions:
+            assert action.help, f"ddpbench {name} {action.option_strings} has no description"
+
+
+def test_an_unknown_option_prints_the_sub_commands_usage(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--bogus", "1", "--out", "x.jsonl"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ddpbench train") and "unrecognized arguments: --bogus 1" in err
 
 
 def test_nccl_world_size_above_gpu_count_is_rejected():
@@ -150,9 +195,42 @@ def test_a_crashing_or_hanging_rank_is_recorded_as_failed_and_the_sweep_goes_on(
     assert [r["status"] for r in records] == ["ok", "failed", "failed", "ok"]
     assert "rank 1 of 2 raised" in records[1]["error"] and "injected failure" in records[1]["error"]
     assert "rank(s) [0, 1] did not finish within 20 s" in records[2]["error"]  # rank 1 waits for rank 0
-    assert any(line.startswith("FAILED") for line in lines)
+    assert lines[0].startswith("[1/4] ") and [line.split()[:2] for line in lines[1:3]] == [["[2/4]", "FAILED"],
+                                                                                          ["[3/4]", "FAILED"]]
+    assert lines[3].startswith("[4/4] ")  # progress on every line, although stderr is no terminal here
     for pid in records[0]["pids"] + records[3]["pids"]:  # no rank process is left behind
         assert not _alive(pid), f"process {pid} outlived the sweep"
+
+
+def test_summary_lines_show_what_differs_and_warnings_say_what_is_wrong(tmp_path, capsys):
+    from experiments.sweep import summary_line, varying_fields, warn_already_recorded, warn_oversubscribed
+
+    jobs = [RunConfig(threads=1), RunConfig(threads=2)]
+    records = [{"status": "ok", "config": dataclasses.asdict(job), "summary": {"p50": 0.01}} for job in jobs]
+    lines = [summary_line(record, varying_fields(jobs)) for record in records]
+    assert lines[0] != lines[1] and "threads=1" in lines[0] and "threads=2" in lines[1]
+    assert "iters=" not in lines[0]  # shown only where it varies
+    assert warn_oversubscribed(jobs, cores=2) == [capsys.readouterr().err.strip()]
+    assert "2 ranks x 2 threads per rank = 4 threads on 2 cores" in warn_oversubscribed(jobs, cores=2)[0]
+    assert warn_oversubscribed([RunConfig(threads=1)], cores=2) == []
+    out = tmp_path / "r.jsonl"
+    capsys.readouterr()
+    warn_already_recorded(jobs, out)  # no file yet: nothing to say
+    append_record(out, records[1])
+    warn_already_recorded(jobs, out)
+    assert "already holds records of 1 of these 2 configs; they are measured again and appended" in \
+        capsys.readouterr().err
+
+
+def test_ctrl_c_before_any_config_finished_does_not_point_to_records(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("experiments.sweep.run_sweep", interrupted)
+    out = tmp_path / "r.jsonl"
+    assert main(["run", *TINY, "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted before any config finished; nothing was added to" in err and "--resume" not in err
 
 
 def _alive(pid: int) -> bool:

@@ -163,11 +163,46 @@ def predict_rows(profile: Profile, comm: CommModel, plans: list[Schedule]) -> li
     return rows
 
 
-def recommend(rows: list[dict], tolerance: float = 0.01) -> dict:
+TOLERANCE = 0.01  # predictions closer than this are ties: the model is not that exact
+
+
+def near_best(rows: list[dict], tolerance: float = TOLERANCE) -> list[dict]:
+    """The rows whose predicted latency is within `tolerance` of the smallest, by cap."""
+    best = min(row["latency_ms"] for row in rows)
+    return sorted((row for row in rows if row["latency_ms"] <= best * (1 + tolerance)), key=lambda row: row["bucket_mb"])
+
+
+def recommend(rows: list[dict], tolerance: float = TOLERANCE) -> dict:
     """The best cap: the smallest predicted latency, preferring the smaller cap within `tolerance`
     (a smaller cap starts communication earlier and needs less memory for the same speed)."""
-    best = min(row["latency_ms"] for row in rows)
-    return min((row for row in rows if row["latency_ms"] <= best * (1 + tolerance)), key=lambda row: row["bucket_mb"])
+    return near_best(rows, tolerance)[0]
+
+
+def caps_text(near: list[float], caps: list[float]) -> str:
+    """The near-best caps as text: a range `X-Y MB` where they are neighbours among `caps`, else a list."""
+    caps = sorted(set(caps))
+    first, last = caps.index(near[0]), caps.index(near[-1])
+    if caps[first:last + 1] == near:
+        return f"{near[0]:g}-{near[-1]:g} MB"
+    return ", ".join(f"{cap:g}" for cap in near) + " MB"
+
+
+def describe_profile(profile: Profile, source: Path, compute_s: float | None) -> str:
+    """Which profile a prediction rests on: model, device, inputs, threads, co-located copies, file."""
+    c = profile.config
+    copies = "alone (1 copy)" if c["world_size"] == 1 else f"as {c['world_size']} co-located copies"
+    scaled = f", scaled to {compute_s:g} s of compute per iteration (--compute-s)" if compute_s else ""
+    return (f"profile: {c['model']} on {c['device']}, batch {c['batch_size']}, image size {c['image_size']}, "
+            f"sequence length {c['seq_len']}, {c['threads']} thread(s), measured {copies}{scaled}; from {source}")
+
+
+def profile_warnings(profile: Profile, args: argparse.Namespace) -> list[str]:
+    """Warnings about a profile that does not fit the cluster asked for."""
+    if args.cluster and "nccl" in args.cluster and profile.config["device"] == "cpu" and args.compute_s is None:
+        return [f"a CPU profile used for the GPU cluster --cluster={args.cluster}: the compute times are this CPU's, "
+                "far longer than a GPU's, so communication looks cheap; pass --compute-s with the GPU's compute "
+                "seconds per iteration, or profile on a GPU (ddpbench profile --device cuda)"]
+    return []
 
 
 def format_rows(rows: list[dict]) -> str:
@@ -196,18 +231,27 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return 2
+    for warning in profile_warnings(profile, args):
+        print(f"ddpbench {args.command}: warning: {warning}", file=sys.stderr)
     rows = predict_rows(profile, comm, plans)
     result = {"model": profile.model, "profile": profile.config, "network": comm.name, "source": comm.source,
               "predictions": rows}
     if args.command == "tune-bucket":
-        result["recommended_bucket_mb"] = recommend(rows)["bucket_mb"]
+        near = [row["bucket_mb"] for row in near_best(rows)]
+        result["recommended_bucket_mb"] = near[0]
+        result["near_best_bucket_mb"] = near
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
     print(f"{profile.model} on {comm.name} (model prediction; {comm.source})")
+    print(describe_profile(profile, args.profile, args.compute_s))
     print(format_rows(rows))
     if args.command == "tune-bucket":
-        print(f"recommended --bucket-mb {result['recommended_bucket_mb']:g}")
+        also = ""
+        if len(near) > 1:
+            also = (f" (any of {caps_text(near, [row['bucket_mb'] for row in rows])} predicts within "
+                    f"{TOLERANCE:.0%} of the best; the smallest starts communicating earliest)")
+        print(f"recommended --bucket-mb {near[0]:g}{also}")
     return 0
 
 
