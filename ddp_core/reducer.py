@@ -93,7 +93,8 @@ class Reducer:
         self._learning_graph = static_graph
         self._calls = [0] * len(params)
         self._calls_left: list[int] = []
-        self._never_used: list[int] = []
+        self._never_used: list[int] = []  # by this rank, in the first backward
+        self._static_used: list[int] | None = None  # by some rank, in the first backward
 
         self._armed = False  # a synchronised backward is expected (set by forward)
         self._started = False  # some parameter received its gradient in the armed backward
@@ -241,18 +242,18 @@ class Reducer:
         for index in self._unreached:
             (self._mark_sparse_ready if self.sparse[index] else self._mark_ready)(index)
 
-    def _refuse_second_gradient(self, index: int) -> None:
-        if self._ready[index]:
-            raise RuntimeError(
-                f"ddp_core: Expected to mark a variable ready only once, but parameter {self.names[index]!r} "
-                "received its gradient twice in one backward: it takes part in several reentrant backward "
-                "passes (a layer checkpointed twice with use_reentrant=True, a weight shared across "
-                "checkpoints), or find_unused_parameters=True could not see it behind a reentrant "
-                "checkpoint. If the graph is the same in every iteration, pass static_graph=True"
-            )
+    def _second_gradient(self, index: int) -> RuntimeError:
+        return RuntimeError(
+            f"ddp_core: Expected to mark a variable ready only once, but parameter {self.names[index]!r} "
+            "received its gradient twice in one backward: it takes part in several reentrant backward "
+            "passes (a layer checkpointed twice with use_reentrant=True, a weight shared across "
+            "checkpoints), or find_unused_parameters=True could not see it behind a reentrant "
+            "checkpoint. If the graph is the same in every iteration, pass static_graph=True"
+        )
 
     def _mark_ready(self, index: int) -> None:
-        self._refuse_second_gradient(index)
+        if self._ready[index]:
+            raise self._second_gradient(index)
         self._ready[index] = True
         bucket, view = self._location[index]
         param = self.params[index]
@@ -285,7 +286,8 @@ class Reducer:
 
     def _mark_sparse_ready(self, index: int) -> None:
         """A sparse gradient is its bucket's buffer: all-reduced as indices and values, as PyTorch does."""
-        self._refuse_second_gradient(index)
+        if self._ready[index]:
+            raise self._second_gradient(index)
         self._ready[index] = True
         bucket, _ = self._location[index]
         param = self.params[index]
@@ -357,11 +359,15 @@ class Reducer:
             )
         if not self.overlap:
             self._launch_complete_buckets()  # the paper's baseline: reduce only after backward
-        used = None  # which gradients to write back: those used on some rank
+        # Which gradients to write back: those used on some rank. With a static graph, that is known
+        # after the first backward, and a parameter no rank used keeps its .grad, as in PyTorch.
+        used = self._static_used
         if learned_now or (self.find_unused_parameters and not self.static_graph):
             flags = torch.tensor(self._locally_used, dtype=torch.int32, device=self.params[0].device)
             dist.all_reduce(flags, group=self.groups[0])
             used = flags.tolist()
+            if learned_now:
+                self._static_used = used
         for index, bucket in enumerate(self.buckets):
             try:
                 result = bucket.future.wait()  # this is a sync point: exposed communication
