@@ -19,6 +19,8 @@ class TensorSpec:
     nbytes: int
     # Tensors with different keys (dtype, device) never share a flat bucket.
     key: Hashable = None
+    # A sparse gradient cannot be packed into a flat buffer: it is reduced as it is, in a bucket of its own.
+    sparse: bool = False
 
 
 def assign_buckets(
@@ -30,7 +32,7 @@ def assign_buckets(
     """Group tensor indices into buckets, visiting them in `order`; returns buckets in launch order.
 
     A bucket takes tensors while its total stays within the cap; a tensor larger than the cap gets a
-    bucket of its own, so a cap of 0 means one tensor per bucket. The first bucket of each key uses
+    bucket of its own, so a cap of 0 means one tensor per bucket; so does a sparse one. The first bucket of each key uses
     `first_bucket_cap_mb` if smaller (PyTorch's small first bucket starts communication early).
     Buckets are returned ordered by the position of their first tensor in `order`, which is the
     order in which backward is expected to fill them.
@@ -51,6 +53,9 @@ def assign_buckets(
 
     for index in order:
         spec = specs[index]
+        if spec.sparse:
+            closed.append([index])
+            continue
         indices, size = open_buckets.get(spec.key, ([], 0))
         limit = cap if spec.key in keys_seen else first_cap
         if indices and size + spec.nbytes > limit:

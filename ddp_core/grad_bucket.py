@@ -12,16 +12,22 @@ import torch
 class GradBucket:
     """A flat gradient buffer over a few parameters, plus what the reducer tracks about it."""
 
-    def __init__(self, index: int, params: list[torch.nn.Parameter], param_indices: list[int], is_last: bool):
+    def __init__(self, index: int, params: list[torch.nn.Parameter], param_indices: list[int], is_last: bool,
+                 sparse: bool = False):
         first = params[0]
         self._index = index
         self._params = params
         self.param_indices = param_indices  # positions in the reducer's parameter list
         self._is_last = is_last
-        numels = [p.numel() for p in params]
-        # The reducer's own storage; `views[i]` is parameter i's gradient inside it.
-        self.flat = torch.zeros(sum(numels), dtype=first.dtype, device=first.device)
-        self.views = [chunk.view_as(p) for chunk, p in zip(self.flat.split(numels), params)]
+        # A sparse bucket holds one parameter and no storage: its gradient itself becomes the buffer.
+        self.sparse = sparse
+        self.flat: torch.Tensor | None = None
+        self.views: list[torch.Tensor] = []
+        if not sparse:
+            numels = [p.numel() for p in params]
+            # The reducer's own storage; `views[i]` is parameter i's gradient inside it.
+            self.flat = torch.zeros(sum(numels), dtype=first.dtype, device=first.device)
+            self.views = [chunk.view_as(p) for chunk, p in zip(self.flat.split(numels), params)]
         self._buffer = self.flat
         self.pending = len(params)  # gradients not yet ready in this backward
         self.future: torch.futures.Future | None = None
@@ -37,8 +43,8 @@ class GradBucket:
         return self._buffer
 
     def gradients(self) -> list[torch.Tensor]:
-        """Each parameter's gradient, as a view into the flat storage."""
-        return list(self.views)
+        """Each parameter's gradient, as a view into the flat storage (a sparse bucket: its gradient)."""
+        return [self._buffer] if self.sparse else list(self.views)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """The parameters whose gradients this bucket holds."""

@@ -7,12 +7,45 @@ pieces compose: `compress_wrapper(torch.float16)(allreduce_hook)` is `fp16_compr
 """
 from __future__ import annotations
 
+import inspect
+import typing
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 Hook = Callable[[object, object], torch.futures.Future]
+
+
+def check_hook(hook: object) -> None:
+    """Refuse a hook as PyTorch's DDP does: TypeError if not callable, ValueError if its annotations
+    say that the bucket is not a GradBucket or that it returns no Future."""
+    if not callable(hook):
+        raise TypeError(f"ddp_core: a communication hook must be callable, got {hook!r}")
+    try:
+        signature = inspect.signature(hook)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: nothing to check
+    positional = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    bucket = signature.parameters.get("bucket") or (positional[1] if len(positional) > 1 else None)
+    name = getattr(hook, "__qualname__", repr(hook))
+    if bucket is not None and not _annotation_names(bucket.annotation, "GradBucket"):
+        raise ValueError(f"ddp_core: communication hook {name}: the bucket is annotated {bucket.annotation!r}; "
+                         "it should be a GradBucket (PyTorch's or ddp_core's)")
+    if not _annotation_names(signature.return_annotation, "Future"):
+        raise ValueError(f"ddp_core: communication hook {name}: the return is annotated "
+                         f"{signature.return_annotation!r}; it should be torch.futures.Future[torch.Tensor]")
+
+
+def _annotation_names(annotation: object, class_name: str) -> bool:
+    """True if `annotation` is absent or names `class_name` (as a class, a generic such as Future[Tensor],
+    or a string, which `from __future__ import annotations` leaves)."""
+    if annotation is inspect.Parameter.empty:
+        return True
+    if isinstance(annotation, str):
+        return class_name in annotation
+    origin = typing.get_origin(annotation) or annotation
+    return getattr(origin, "__name__", None) == class_name
 
 
 def allreduce_hook(process_group: dist.ProcessGroup | None, bucket) -> torch.futures.Future:

@@ -1,13 +1,21 @@
 """The reducer: gradient synchronisation overlapped with backward (paper, sections 3.2 and 4.2).
 
 Life of one synchronised iteration:
-1. forward: `prepare_for_backward(unreached)` arms the reducer (and names parameters forward did not
-   reach, when unused-parameter detection is on);
+1. forward: `prepare_for_backward(unreached, output_nodes)` arms the reducer (and names parameters
+   forward did not reach, when unused-parameter detection is on); a new forward re-arms it, as PyTorch's
+   does, so a forward whose output never gets a backward is harmless;
 2. backward: a post-accumulate-grad hook per parameter copies its gradient into its bucket and, once a
    bucket is complete, launches the bucket's asynchronous all-reduce - strictly in bucket order, since
    every rank must issue collectives in the same order or they mismatch and hang;
-3. end of backward (an autograd engine callback): wait for each bucket in turn and write its averaged
-   gradients back to `.grad`.
+3. end of backward (an autograd engine callback, queued on the backward that reached the forward's
+   output, so that the inner backward of a reentrant checkpoint does not end it early): wait for each
+   bucket in turn and write its averaged gradients back to `.grad`.
+
+With `static_graph`, the first synchronised backward only counts how often each parameter's hook fires
+and reduces everything at its end; later ones mark a parameter ready at its last expected call (a layer
+checkpointed twice, a weight shared across reentrant backward passes) and parameters that were unused
+then are ready from the start. A sparse gradient (nn.Embedding(sparse=True)) is reduced as it is, in a
+bucket of its own.
 """
 from __future__ import annotations
 
@@ -51,6 +59,8 @@ class Reducer:
         gradient_as_bucket_view: bool,
         find_unused_parameters: bool,
         rebuild_buckets: bool,
+        static_graph: bool = False,
+        sparse: list[bool] | None = None,
     ):
         self.params = params
         self.names = names
@@ -60,6 +70,8 @@ class Reducer:
         self.overlap = overlap
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.find_unused_parameters = find_unused_parameters
+        self.static_graph = static_graph
+        self.sparse = sparse if sparse is not None else [False] * len(params)
         self.world_size = dist.get_world_size(groups[0])
         # 1 / world size as a ready-made 0-dim tensor: given a Python float, torch.mul wraps it in a new
         # tensor on every call, which costs as much as multiplying a small gradient (~2 us, once per
@@ -72,14 +84,24 @@ class Reducer:
 
         # Before the first backward, guess that gradients arrive in reverse registration order.
         self.build_buckets(list(reversed(range(len(params)))))
-        # PyTorch does not rebuild with unused-parameter detection: the arrival order may vary.
-        self._rebuild_pending = rebuild_buckets and not find_unused_parameters
+        # PyTorch does not rebuild with unused-parameter detection (the arrival order may vary) unless
+        # the graph is declared static.
+        self._rebuild_pending = rebuild_buckets and (static_graph or not find_unused_parameters)
         self._arrival_order: list[int] = []
+        # Static graph: the first synchronised backward counts hook calls per parameter; later ones
+        # count down a copy of those counts.
+        self._learning_graph = static_graph
+        self._calls = [0] * len(params)
+        self._calls_left: list[int] = []
+        self._never_used: list[int] = []  # by this rank, in the first backward
+        self._static_used: list[int] | None = None  # by some rank, in the first backward
 
         self._armed = False  # a synchronised backward is expected (set by forward)
+        self._started = False  # some parameter received its gradient in the armed backward
+        self._end_queued = False  # the end-of-backward callback is queued
+        self._create_graph = False  # backward(create_graph=True): gradients have graphs of their own
         self._ready = [False] * len(params)
         self._unreached: list[int] = []
-        self._unreached_marked = False
         # Used-parameter bitmap: kept across no_sync() iterations, reset after each synchronisation.
         self._locally_used = [False] * len(params)
         self._next_bucket = 0
@@ -90,19 +112,24 @@ class Reducer:
 
     def build_buckets(self, order: list[int]) -> None:
         """(Re)assign parameters to buckets, visiting them in `order`, and allocate flat buffers."""
-        specs = [TensorSpec(p.numel() * p.element_size(), (p.dtype, p.device)) for p in self.params]
+        specs = [TensorSpec(p.numel() * p.element_size(), (p.dtype, p.device), sparse)
+                 for p, sparse in zip(self.params, self.sparse)]
         assignment = assign_buckets(specs, order, self.bucket_cap_mb, self.first_bucket_cap_mb)
         self.buckets = [
-            GradBucket(b, [self.params[i] for i in indices], indices, is_last=b == len(assignment) - 1)
+            GradBucket(b, [self.params[i] for i in indices], indices, is_last=b == len(assignment) - 1,
+                       sparse=self.sparse[indices[0]])
             for b, indices in enumerate(assignment)
         ]
         self._location = {}  # parameter index -> (bucket, its gradient's view in the bucket)
         for bucket in self.buckets:
-            for i, view in zip(bucket.param_indices, bucket.views):
+            views = [None] if bucket.sparse else bucket.views  # a sparse gradient has no view
+            for i, view in zip(bucket.param_indices, views):
                 self._location[i] = (bucket, view)
         if self.gradient_as_bucket_view:
             with torch.no_grad():
                 for bucket in self.buckets:
+                    if bucket.sparse:
+                        continue  # a sparse gradient is a tensor of its own, never a view
                     for p, view in zip(bucket.parameters(), bucket.views):
                         if p.grad is not None:
                             view.copy_(p.grad)
@@ -123,53 +150,110 @@ class Reducer:
 
     # --- one iteration ---
 
-    def prepare_for_backward(self, unreached: list[int]) -> None:
-        """Arm the reducer for the backward of the forward just run; `unreached` get no gradient."""
-        if self._armed:
+    def prepare_for_backward(self, unreached: list[int], output_nodes: list) -> None:
+        """Arm the reducer for the backward of the forward just run; `unreached` get no gradient.
+
+        `output_nodes` are the autograd nodes of the forward's outputs: the backward that reaches them
+        is the one whose end finishes synchronisation. A forward whose output got no backward is
+        simply forgotten, as in PyTorch's DDP.
+        """
+        if self._armed and self._started:
+            # A backward raised after some gradients were bucketed (and maybe sent): the buckets are
+            # in an unknown state, so refuse, as PyTorch's DDP does.
             raise RuntimeError(
-                "ddp_core: a new forward started before the previous forward's backward finished "
-                "gradient synchronisation; call backward on every output of a synchronised forward "
-                "(or run the forward under no_sync() or torch.no_grad())"
+                "ddp_core: Expected to have finished reduction in the prior iteration before starting a "
+                "new one: the previous backward raised before gradient synchronisation finished"
             )
         self._armed = True
+        self._started = False
+        self._end_queued = False
         self._ready = [False] * len(self.params)
+        if self.static_graph:
+            # The first backward learns the graph and marks everything at its end; afterwards, the
+            # parameters it did not use are the unreached ones, and no graph search is needed.
+            unreached = [] if self._learning_graph else self._never_used
+            self._calls_left = list(self._calls)
         self._unreached = unreached
-        self._unreached_marked = False
         self._next_bucket = 0
         # Without a comm hook, gradients are divided by the world size on their way into the bucket (see
         # `_mark_ready`); decided once per backward rather than once per parameter.
         self._divide = self.comm_hook is None and self.world_size > 1
         for bucket in self.buckets:
             bucket.start_iteration()
+        # A node pre-hook costs one Python call per backward; it lives and dies with this forward's graph.
+        for node in output_nodes:
+            node.register_prehook(self._output_reached)
+
+    def _output_reached(self, grad_outputs):
+        # Backward reached the forward's output, so this is the outermost backward of the iteration
+        # (a reentrant checkpoint's inner backward runs inside it): synchronisation ends with it.
+        if self._armed and not self._end_queued:
+            self._queue_end()
+
+    def _queue_end(self) -> None:
+        self._end_queued = True
+        # Runs once the current backward pass has finished, on the thread that finished it.
+        torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+
+    def _backward_ended(self) -> None:
+        self._end_queued = False
+        # A backward that gave no parameter a gradient (torch.autograd.grad with respect to the
+        # inputs) leaves the reducer armed for the next one.
+        if self._armed and self._started:
+            self._finish_backward()
 
     def _hook_for(self, index: int) -> Callable[[torch.Tensor], None]:
+        mark = self._mark_sparse_ready if self.sparse[index] else self._mark_ready
+
         def hook(param: torch.Tensor) -> None:
             self._locally_used[index] = True
             if not self._armed:  # inside no_sync(), or a backward ddp_core's forward did not start
                 return
-            if not self._unreached_marked:
+            if not self._started:
                 self._start_backward()
             if self._rebuild_pending:
                 self._arrival_order.append(index)
-            self._mark_ready(index)
+            mark(index)
 
-        return hook
+        def static_graph_hook(param: torch.Tensor) -> None:
+            self._locally_used[index] = True
+            if not self._armed:
+                return
+            if not self._started:
+                self._start_backward()
+            if self._learning_graph:  # first backward: count calls; everything is reduced at its end
+                if self._calls[index] == 0 and self._rebuild_pending:
+                    self._arrival_order.append(index)
+                self._calls[index] += 1
+                return
+            self._calls_left[index] -= 1
+            if self._calls_left[index] <= 0:  # its last expected call (one too many: `mark` refuses)
+                mark(index)
+
+        return static_graph_hook if self.static_graph else hook
 
     def _start_backward(self) -> None:
-        self._unreached_marked = True
-        # Runs once the whole backward pass has finished, on the thread that finished it.
-        torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        self._started = True
+        self._create_graph = torch.is_grad_enabled()  # backward turns grad mode on only for create_graph
+        if not self._end_queued:  # no output node was reached first (a parameter used outside forward)
+            self._queue_end()
         # Parameters forward did not reach never get a hook call; mark them ready now so that their
         # buckets do not wait for them forever.
         for index in self._unreached:
-            self._mark_ready(index)
+            (self._mark_sparse_ready if self.sparse[index] else self._mark_ready)(index)
+
+    def _second_gradient(self, index: int) -> RuntimeError:
+        return RuntimeError(
+            f"ddp_core: Expected to mark a variable ready only once, but parameter {self.names[index]!r} "
+            "received its gradient twice in one backward: it takes part in several reentrant backward "
+            "passes (a layer checkpointed twice with use_reentrant=True, a weight shared across "
+            "checkpoints), or find_unused_parameters=True could not see it behind a reentrant "
+            "checkpoint. If the graph is the same in every iteration, pass static_graph=True"
+        )
 
     def _mark_ready(self, index: int) -> None:
         if self._ready[index]:
-            raise RuntimeError(
-                f"ddp_core: parameter {self.names[index]!r} received its gradient twice in one backward; "
-                "reentrant backward or a parameter used in several backward passes per forward is not supported"
-            )
+            raise self._second_gradient(index)
         self._ready[index] = True
         bucket, view = self._location[index]
         param = self.params[index]
@@ -182,6 +266,10 @@ class Reducer:
         if grad is None:
             view.zero_()
         elif grad.data_ptr() != view.data_ptr():
+            if self._create_graph:
+                # The gradient has a graph of its own: reduce its value (the higher-order part is not
+                # synchronised, as in PyTorch's DDP); out= refuses a tensor that needs grad.
+                grad = grad.detach()
             if self._divide:
                 torch.mul(grad, self._scale, out=view)  # bit-equal to PyTorch's reducer
             else:
@@ -196,6 +284,29 @@ class Reducer:
         if bucket.pending == 0 and self.overlap:
             self._launch_complete_buckets()
 
+    def _mark_sparse_ready(self, index: int) -> None:
+        """A sparse gradient is its bucket's buffer: all-reduced as indices and values, as PyTorch does."""
+        if self._ready[index]:
+            raise self._second_gradient(index)
+        self._ready[index] = True
+        bucket, _ = self._location[index]
+        param = self.params[index]
+        grad = param.grad
+        if grad is None:  # unused here: contribute an empty gradient of the same layout
+            grad = torch.sparse_coo_tensor(
+                torch.empty(1, 0, dtype=torch.int64, device=param.device),
+                torch.empty((0, *param.shape[1:]), dtype=param.dtype, device=param.device),
+                param.shape,
+            )
+        elif self._divide:
+            grad = grad / self.world_size
+        bucket.set_buffer(grad)
+        if self.observer is not None:
+            self.observer.parameter_ready(index)
+        bucket.pending -= 1
+        if self.overlap:
+            self._launch_complete_buckets()
+
     def _launch_complete_buckets(self) -> None:
         # Bucket i is launched only after bucket i-1, even if it completed first: same order everywhere.
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
@@ -206,9 +317,17 @@ class Reducer:
                 # Already divided: sum, in place in the bucket. The work's own future is kept (it
                 # completes with [bucket.flat]): a `.then()` to unwrap it would run a Python callback,
                 # which needs the GIL, on Gloo's thread in the middle of backward.
-                bucket.future = dist.all_reduce(bucket.flat, group=group, async_op=True).get_future()
+                bucket.future = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()
             else:
                 bucket.future = self.comm_hook(self.comm_state, bucket)
+                # (torch._C.Future: collectives' futures are not the Python subclass torch.futures.Future)
+                if not isinstance(bucket.future, torch._C.Future):
+                    # Surfaces at the end of backward, like a hook's own failure, once the other
+                    # buckets are done.
+                    bucket.future = _failed_future(RuntimeError(
+                        f"ddp_core: the communication hook {getattr(self.comm_hook, '__qualname__', self.comm_hook)!r} "
+                        f"must return a torch.futures.Future, but returned {type(bucket.future).__qualname__}"
+                    ))
             if self.observer is not None:
                 self.observer.bucket_launched(bucket.index(), bucket.future)
             self._next_bucket += 1
@@ -217,6 +336,17 @@ class Reducer:
         self._armed = False
         if self.observer is not None:
             self.observer.backward_computed()
+        learned_now = self._learning_graph
+        if learned_now:
+            # Static graph, first iteration: every gradient is final only now. Remember the graph,
+            # then bucket (and, with overlap, launch) everything; bucket rebuilding sees the unused
+            # parameters first, since later backward passes mark them ready first.
+            self._learning_graph = False
+            self._never_used = [i for i, calls in enumerate(self._calls) if calls == 0]
+            if self._rebuild_pending:
+                self._arrival_order[:0] = self._never_used
+            for index in range(len(self.params)):
+                (self._mark_sparse_ready if self.sparse[index] else self._mark_ready)(index)
         missing = [self.names[i] for i, ready in enumerate(self._ready) if not ready]
         if missing:
             for bucket in self.buckets[: self._next_bucket]:
@@ -229,11 +359,15 @@ class Reducer:
             )
         if not self.overlap:
             self._launch_complete_buckets()  # the paper's baseline: reduce only after backward
-        used = None  # which gradients to write back: those used on some rank
-        if self.find_unused_parameters:
+        # Which gradients to write back: those used on some rank. With a static graph, that is known
+        # after the first backward, and a parameter no rank used keeps its .grad, as in PyTorch.
+        used = self._static_used
+        if learned_now or (self.find_unused_parameters and not self.static_graph):
             flags = torch.tensor(self._locally_used, dtype=torch.int32, device=self.params[0].device)
             dist.all_reduce(flags, group=self.groups[0])
             used = flags.tolist()
+            if learned_now:
+                self._static_used = used
         for index, bucket in enumerate(self.buckets):
             try:
                 result = bucket.future.wait()  # this is a sync point: exposed communication
@@ -245,6 +379,9 @@ class Reducer:
                     with contextlib.suppress(Exception):
                         later.future.wait()
                 raise
+            if bucket.sparse:  # the reduced sparse gradient is a new tensor
+                self._write_back_sparse(bucket, result[0] if isinstance(result, list) else result, used)
+                continue
             # A hook's future holds the reduced bucket, maybe in a tensor of its own; the plain
             # all-reduce worked in place.
             if self.comm_hook is not None and result.data_ptr() != bucket.flat.data_ptr():
@@ -256,6 +393,11 @@ class Reducer:
         self._locally_used = [False] * len(self.params)
         if self.observer is not None:
             self.observer.gradients_synchronised()
+
+    def _write_back_sparse(self, bucket: GradBucket, reduced: torch.Tensor, globally_used: list[int] | None) -> None:
+        index = bucket.param_indices[0]
+        if globally_used is None or globally_used[index]:
+            self.params[index].grad = reduced
 
     def _write_back(self, bucket: GradBucket, globally_used: list[int] | None) -> None:
         grads, views = [], []  # existing .grad tensors to overwrite, and their averaged values
@@ -276,3 +418,9 @@ class Reducer:
             # itself for small parameters (ResNet50 has 161, half of them BatchNorm vectors).
             if grads:
                 torch._foreach_copy_(grads, views)
+
+
+def _failed_future(error: Exception) -> torch.futures.Future:
+    future = torch.futures.Future()
+    future.set_exception(error)
+    return future
