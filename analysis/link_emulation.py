@@ -61,6 +61,20 @@ def fidelity_summary(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def e1_table() -> pd.DataFrame:
+    """E1 over a link beside loopback: seconds to all-reduce the same total in calls of each size."""
+    link = runs("link_e1_allreduce", kind="allreduce")
+    if link.empty:
+        return link
+    loopback = runs("e1_allreduce", kind="allreduce")
+    loopback = {} if loopback.empty else {(r.elements, r.total_elements): r.summary_p50 for r in loopback.itertuples()
+                                          if r.mode == "granularity" and r.world_size == 2}
+    return pd.DataFrame([{"link": r.link, "total_elements": r.total_elements, "elements_per_call": r.elements,
+                          "calls": r.summary_calls, "p50_s": r.summary_p50,
+                          "loopback_p50_s": loopback.get((r.elements, r.total_elements), np.nan)}
+                         for r in link.itertuples()])
+
+
 def overlap_table(folder_records: list[dict], machine_comm) -> pd.DataFrame:
     """E2 on every network: saving, communication share, the best saving possible, and the model's saving."""
     rows = []
@@ -159,6 +173,7 @@ def main() -> None:
     save(None, summary, "link_fidelity_summary")
     save(None, table, "link_fidelity")
     save(None, overlap, "link_overlap")
+    save(None, e1_table(), "link_e1_allreduce")
     if has_profiles:
         save(None, bucket_table(records, machine_comm), "link_bucket_recommendation")
     errors = validation["error"].abs() if not validation.empty else pd.Series(dtype=float)

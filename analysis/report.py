@@ -28,6 +28,7 @@ EXTRA_TABLES = {"link_emulation": {
     "link_overlap": "E2 on every network: saving, communication share of the no-overlap iteration, best saving "
                     "possible (min(compute, communication)), best behind backward alone, and the model's predicted saving",
     "link_bucket_recommendation": "tune-bucket for each link against the best cap measured over it",
+    "link_e1_allreduce": "E1 over a link beside loopback: seconds to all-reduce the same total in calls of each size",
 }}
 # E6: "no visible harm" read as a final loss within 25% of reducing every iteration (upper CI bound).
 NO_VISIBLE_HARM = 1.25

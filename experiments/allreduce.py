@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .config import (BACKENDS, DEVICES, ConfigError, add_network_arguments, default_backend_and_device, parse_ints,
-                     parse_network_arguments, validate_backend)
+                     parse_network_arguments, validate_backend, validate_network)
 from .harness import rank_device
 
 MODES = ("granularity", "size")
@@ -82,6 +82,7 @@ def resolve(args: argparse.Namespace) -> list[AllreduceConfig]:
     for backend, world_size, (link, ranks_per_host) in itertools.product(backends, world_sizes,
                                                                        parse_network_arguments(args)):
         validate_backend(backend, device, world_size)
+        validate_network(link, ranks_per_host, world_size)
         common = dict(backend=backend, device=device, world_size=world_size, reps=args.reps, warmup=args.warmup,
                       threads=args.threads, link=link, ranks_per_host=ranks_per_host)
         if "granularity" in modes:

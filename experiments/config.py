@@ -96,14 +96,14 @@ def validate(config: RunConfig, gpu_count: int | None = None) -> None:
                           "every measured window holds whole cycles of skipped and synchronised iterations")
     if config.bucket_mb < 0:
         raise ConfigError(f"--bucket-mb={config.bucket_mb} is not allowed; it must be >= 0 (0 = one parameter per bucket)")
-    validate_network(config.link, config.ranks_per_host)
+    validate_network(config.link, config.ranks_per_host, config.world_size)
     if config.impl == "torch" and (config.process_groups > 1):
         raise ConfigError("--process-groups > 1 needs --impl ddp_core or ddp_core_no_overlap (PyTorch's DDP takes one group)")
     validate_backend(config.backend, config.device, config.world_size, gpu_count)
 
 
-def validate_network(link: str, ranks_per_host: int) -> None:
-    """Raise ConfigError unless `link` is `none` or a rate, and `ranks_per_host` fits it."""
+def validate_network(link: str, ranks_per_host: int, world_size: int | None = None) -> None:
+    """Raise ConfigError unless `link` is `none` or a rate, and `ranks_per_host` fits it (and `world_size`)."""
     if link != "none":
         try:
             network.parse_rate(link)
@@ -114,6 +114,10 @@ def validate_network(link: str, ranks_per_host: int) -> None:
     if link == "none" and ranks_per_host != 1:
         raise ConfigError(f"--ranks-per-host={ranks_per_host} needs --link with a rate (with --link none every "
                           "rank is on this one host)")
+    if world_size is not None and ranks_per_host > world_size:
+        # (= world size is one host: the baseline that E4 compares two hosts with)
+        raise ConfigError(f"--ranks-per-host={ranks_per_host} is more than --world-size={world_size}; it must be "
+                          f"at most the world size ({world_size} puts every rank on one host)")
 
 
 def add_network_arguments(parser) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 from ddp_core import DistributedDataParallel
 
 from .config import (BACKENDS, DEVICES, ConfigError, add_network_arguments, default_backend_and_device, parse_ints,
-                     parse_network_arguments, validate_backend)
+                     parse_network_arguments, validate_backend, validate_network)
 from .harness import rank_device
 
 IN_FEATURES, HIDDEN, CLASSES = 32, 64, 10
@@ -78,6 +78,7 @@ def resolve(args: argparse.Namespace) -> list[TrainConfig]:
         parse_network_arguments(args),
     ):
         validate_backend(backend, device, world_size)
+        validate_network(link, ranks_per_host, world_size)
         runs.append(TrainConfig(n, backend, device, world_size, args.batch_size, args.iters, args.lr, args.seed,
                                 args.threads, link, ranks_per_host))
     return runs

@@ -154,3 +154,11 @@ def test_a_machine_that_cannot_emulate_is_refused_before_anything_runs(tmp_path,
     assert not out.exists()
     assert main(["network", "--check"]) == 1
     assert needle in capsys.readouterr().out
+
+
+def test_more_ranks_per_host_than_ranks_is_refused(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    assert main(["run", *TINY, "--link", "1gbit", "--world-size", "2", "--ranks-per-host", "3", "--out", str(out)]) == 2
+    assert "--ranks-per-host=3 is more than --world-size=2" in capsys.readouterr().err
+    assert main(["allreduce", "--link", "1gbit", "--ranks-per-host", "3", "--out", str(out)]) == 2
+    assert not out.exists()

@@ -145,7 +145,7 @@ PRESETS: dict[str, CommModel] = {
         intra=Link(alpha=5e-6, busbw=NVLINK_EFFICIENCY * 150 * GB),
         inter=Link(alpha=10e-6, busbw=IB_EFFICIENCY * 12.5 * GB),
         source="the paper's testbed: 8 V100 per server, NVLink 2.0 (6 links x 25 GB/s per direction = 150 GB/s, "
-               "V100 datasheet), 100 Gb/s = 12.5 GB/s between servers (one NIC per server; paper.md, approx.); "
+               "V100 datasheet), 100 Gb/s = 12.5 GB/s between servers (one NIC per server; as the paper describes its testbed, approx.); "
                "alpha 5 us inside a server and 10 us across (an assumption of NCCL's per-step latency); ring only"),
     "paper-v100-gloo": CommModel(
         name="paper-v100-gloo", per_server=8,
