@@ -62,11 +62,10 @@ def burst_bytes(rate_bps: float) -> int:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one rank runs: the namespace it enters, the interface its collectives use, and its host's id."""
+    """Where one rank runs: the namespace it enters and the interface its collectives use."""
 
     netns: str
     interface: str
-    host: int
 
 
 def hosts_needed(world_size: int, ranks_per_host: int) -> int:
@@ -106,8 +105,7 @@ class EmulatedCluster:
 
     def placement(self, rank: int, ranks_per_host: int) -> Placement:
         """Where rank `rank` runs when ranks go `ranks_per_host` to a host."""
-        host = rank // ranks_per_host
-        return Placement(self.host_netns(host), HOST_INTERFACE, host)
+        return Placement(self.host_netns(rank // ranks_per_host), HOST_INTERFACE)
 
 
     def create(self) -> "EmulatedCluster":

@@ -63,8 +63,9 @@ def test_model_is_validated_against_every_measured_run(smoke):
 def test_the_emulated_part_is_measured_and_reported_beside_loopback(smoke):
     from experiments.network import check
 
-    if check():
-        pytest.skip(f"this machine cannot emulate a cluster: {check()}")
+    problems = check()
+    if problems:
+        pytest.skip(f"this machine cannot emulate a cluster: {problems}")
     results, _ = smoke
     runs = results / "runs" / "test-machine"
     for name in ("link_fidelity", "link_e2_overlap"):

@@ -61,6 +61,11 @@ class CommModel:
         """Seconds to all-reduce `nbytes` over `ranks`."""
         return self.link(ranks).allreduce(nbytes, ranks)
 
+    def on_compute_cores(self, ranks: int) -> bool:
+        """Whether a ring over `ranks` runs on the cores that compute, so that nothing overlaps:
+        Gloo on a CPU, or on an emulated cluster a ring that stays inside one host."""
+        return self.shares_cores or (self.cpu is not None and self.link(ranks) is self.intra)
+
     def latency(self, ranks: int) -> float:
         """The part of an all-reduce that does not depend on its size."""
         return self.link(ranks).allreduce(0, ranks)

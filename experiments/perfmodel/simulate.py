@@ -65,7 +65,7 @@ def simulate(profile: Profile, comm: CommModel, schedule: Schedule) -> Predictio
         buckets.append({"bytes": sum(profile.nbytes[i] for i in indices), "ready": ready})
 
     comm_total = sum(comm.allreduce(b["bytes"], p) for b in buckets)
-    if comm.shares_cores or (comm.inter is not None and p <= comm.per_server and comm.cpu is not None):
+    if comm.on_compute_cores(p):
         synchronised_backward = profile.backward + comm_total  # the same cores do both, one after the other
     else:
         # The cores compute and do each all-reduce's CPU share; the wire carries the buckets meanwhile.
