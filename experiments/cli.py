@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ddp_core.hooks import HOOKS
 
-from .config import (BACKENDS, DEVICES, IMPLS, LIST_PARAMS, ConfigError, RunConfig, check_network_available,
+from .config import (BACKENDS, COMPUTE, DEVICES, IMPLS, LIST_PARAMS, ConfigError, RunConfig, check_network_available,
                      default_backend_and_device, expand_grid, parse_list)
 from .workloads import WORKLOADS
 
@@ -24,7 +24,7 @@ EXIT_BAD_INPUT = 2
 
 # The allowed values of the `run` lists that take names, shown in --help.
 ALLOWED = {"model": sorted(WORKLOADS), "impl": list(IMPLS), "comm_hook": ["none", *HOOKS], "backend": list(BACKENDS),
-           "device": list(DEVICES)}
+           "device": list(DEVICES), "compute": list(COMPUTE)}
 DEFAULT_BY_HARDWARE = {"backend": "nccl with GPUs, else gloo", "device": "cuda with GPUs, else cpu",
                        "threads": "the cores shared among the ranks"}
 
@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(sub.choices[name])
     perfmodel.add_model_arguments(sub.add_parser("predict", help="predict DDP latency from a profile (model)"), False)
     perfmodel.add_model_arguments(sub.add_parser("tune-bucket", help="recommend a bucket cap (model)"), True)
+    perfmodel.add_scale_arguments(sub.add_parser("scale-profile", help="a profile scaled to a GPU's estimated time"))
     compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
     ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
     from . import history
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("predict", "tune-bucket"):
         return perfmodel.main(args)
+    if args.command == "scale-profile":
+        return perfmodel.scale_main(args)
     if args.command == "history":
         from . import history
 

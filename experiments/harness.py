@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import resource
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -22,7 +23,7 @@ import ddp_core
 from ddp_core.hooks import HOOKS
 
 from .config import RunConfig
-from .workloads import workload
+from .workloads import emulated, workload
 
 PHASES = ("forward", "backward", "exposed_comm", "optimizer")
 
@@ -137,6 +138,7 @@ class Trainee:
     ddp: torch.nn.Module
     optimizer: torch.optim.Optimizer
     batch: dict
+    compute: dict | None = None  # emulated compute: which profile the stand-in replays
 
 
 def build(rank: int, config: RunConfig, group=None) -> Trainee:
@@ -145,13 +147,32 @@ def build(rank: int, config: RunConfig, group=None) -> Trainee:
     device = rank_device(rank, config.device)
     torch.manual_seed(config.seed)
     family = workload(config.model)
-    model = family.MODELS[config.model]().to(device)
-    ddp = wrap(model, config, device, group)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+    builder = family.MODELS[config.model]
+    if config.compute == "emulated":  # a stand-in with the model's parameters that waits for the profiled times
+        compute = emulated.load_compute_profile(config.compute_profile, config.model, config.world_size)
+        family, model = emulated, emulated.build_stand_in(builder, compute, config.time_dilation, device)
+        ddp = model.wrapper = wrap(model, config, device, group)
+        optimizer = emulated.StandInOptimizer(compute.profile, config.time_dilation)
+    else:
+        model = builder().to(device)
+        ddp = wrap(model, config, device, group)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     batch = {k: v.to(device) for k, v in
              family.make_batch(model, config.batch_size, config.image_size, config.seq_len, generator).items()}
-    return Trainee(device, family, model, ddp, optimizer, batch)
+    return Trainee(device, family, model, ddp, optimizer, batch,
+                   compute.source if config.compute == "emulated" else None)
+
+
+def machine_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy so far (/proc/stat: all but idle and iowait), or
+    None where /proc/stat is missing. How busy the cores were while a config ran tells whether the
+    machine kept up with what it emulated (an emulated cluster needs idle cores to be faithful)."""
+    try:
+        fields = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def slowest_per_iteration(local: list[float]) -> list[float]:
@@ -180,6 +201,8 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
         sync = measured < 0 or (measured + 1) % config.sync_every == 0
         if observer is not None:
             observer.buckets = {}
+        if measured == 0:
+            cpu_start = machine_cpu_seconds()
         wall_start = time.perf_counter()
         clock.start()
         train_step(ddp, t.family, t.batch, t.optimizer, sync, clock.mark)
@@ -202,5 +225,10 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
                                     for k, v in sorted(observer.buckets.items())}}
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return {"rank": rank, "setup_s": setup_s, "warmup_s": warmup_s, "iterations": iterations,
+    cpu_end = machine_cpu_seconds()
+    cores_busy = None if None in (cpu_start, cpu_end) else (cpu_end - cpu_start) / sum(i["latency"] for i in iterations)
+    return {"rank": rank, "setup_s": setup_s, "warmup_s": warmup_s, "iterations": iterations, "cores_busy": cores_busy,
+            "compute": t.compute,
+            # peak resident memory of this rank's process so far (a pool's ranks run config after config)
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "digest": parameter_digest(t.model), "timeline": timeline}
