@@ -240,8 +240,10 @@ def model_error_lines(data: pd.DataFrame) -> list[str]:
     if "error" not in data or data.empty:
         return []
     lines = []
-    for label, part in (("these", data), ("world sizes 4-16 of these",
-                                          data[data["world_size"] >= 4] if "world_size" in data else data.iloc[:0])):
+    wide = data[data["world_size"] >= 4] if "world_size" in data else data.iloc[:0]
+    faithful = wide[wide["faithful"].astype(bool)] if "faithful" in wide else wide.iloc[:0]
+    for label, part in (("these", data), ("world sizes 4-16 of these", wide),
+                        ("the faithful runs (cores at most half busy) at world sizes 4-16 of these", faithful)):
         if not part.empty:
             errors = part["error"].abs()
             lines.append(f"Model error over {label} {len(part)} runs: median |error| {errors.median():.1%}, "

@@ -27,7 +27,7 @@ GOAL = 0.05  # emulated within 5% of real compute; dilations within 5% of K = 1
 # Faithful while the cores were busy for at most this share of the machine during measured iterations:
 # the rest is headroom for bursts (all ranks all-reduce at once).
 BUSY_LIMIT = 0.5
-SCALE_RUNS = ["scale_e4_one_host", "scale_e4_two_hosts", "scale_e3", "scale_e7", "scale_e3_one_host",
+SCALE_RUNS = ["scale_e4_one_host", "scale_e4_bert", "scale_e4_two_hosts", "scale_e3", "scale_e7", "scale_e3_one_host",
               "scale_e7_one_host", "scale_fidelity"]
 
 
@@ -98,12 +98,13 @@ def intra_host_table(dilation: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def model_errors(frame: pd.DataFrame) -> pd.DataFrame:
-    """The model against every emulated-compute run (validate's rows), with the experiment it belongs to."""
+def model_errors() -> pd.DataFrame:
+    """The model against every emulated-compute run (validate's rows), and whether the run was faithful."""
     rows = pd.DataFrame(validate(runs_folder()))
     if rows.empty:
         return rows
-    return rows[rows["compute"] == "emulated"].reset_index(drop=True)
+    rows = rows[rows["compute"] == "emulated"].reset_index(drop=True)
+    return rows.assign(faithful=rows["busy_share"] <= BUSY_LIMIT)
 
 
 def main() -> None:
@@ -111,13 +112,14 @@ def main() -> None:
     validation, dilation, frame = validation_table(), dilation_table(), scale_runs()
     save(None, validation, "scale_validation", note="" if not validation.empty else "no scale_validation records")
     save(None, dilation, "scale_dilation", note="" if not dilation.empty else "no scale_dilation records")
-    errors = model_errors(frame) if not frame.empty or not dilation.empty else pd.DataFrame()
+    errors = model_errors() if not frame.empty or not dilation.empty else pd.DataFrame()
     save(None, errors, "scale_model_errors", note="" if not errors.empty else "no emulated-compute runs")
     if frame.empty:
         save(None, frame, "scale_model", note="no scale-model records (scale_e4_*, scale_e3, scale_e7); skipped")
         return
     dilation = float(frame["time_dilation"].mode().iloc[0])  # the experiments' K
-    save(None, intra_host_table(dilation), "scale_intra_host", note="no scale_loopback records")
+    intra = intra_host_table(dilation)
+    save(None, intra, "scale_intra_host", note="" if not intra.empty else "no scale_loopback records")
     key = ["model", "world_size", "bucket_mb", "process_groups", "link", "time_dilation"]
     predicted = {tuple(r[k] for k in key): r["predicted_s"] for r in errors.to_dict("records")} if not errors.empty else {}
     frame["predicted_ms"] = [1e3 * predicted.get(tuple(r[k] for k in key), float("nan"))
@@ -142,7 +144,7 @@ def main() -> None:
     axes[0].set_xscale("log", base=2)
     dilations = frame.groupby("model")["time_dilation"].agg(lambda k: k.mode().iloc[0])  # the experiments' K
     for ax, x, title in ((axes[1], "bucket_mb", "E3: bucket cap (MB)"), (axes[2], "process_groups", "E7: round-robin groups")):
-        # each model at its largest world size: 16 ranks on 2 hosts (ResNet50), 8 on one (BERT-base)
+        # each model at its largest world size: 16 ranks on 2 hosts (ResNet50), 4 on one (BERT-base)
         widest = frame[(frame["world_size"] == frame.groupby("model")["world_size"].transform("max"))
                        & (frame["time_dilation"] == frame["model"].map(dilations))]
         widest = widest[(widest["process_groups"] == 1) if x == "bucket_mb" else (widest["bucket_mb"] == 25)]

@@ -177,7 +177,8 @@ def warn_oversubscribed(jobs: list, cores: int | None = None) -> list[str]:
     # Under torchrun only this host's ranks share its cores.
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
     warnings = []
-    for threads, ranks in sorted({(job.threads, local or job.world_size) for job in jobs}):
+    computing = [job for job in jobs if getattr(job, "compute", "real") == "real"]  # emulated compute only waits
+    for threads, ranks in sorted({(job.threads, local or job.world_size) for job in computing}):
         if threads * ranks > cores:
             warnings.append(f"ddpbench: warning: {ranks} ranks x {threads} threads per rank = {threads * ranks} "
                             f"threads on {cores} cores: ranks wait for a core, and the latency measured includes "

@@ -88,21 +88,27 @@ def _arrivals(rank: int, world_size: int, record: dict, impl: str, dilation: flo
     return result
 
 
+def _arrivals_under_both(rank: int, world_size: int, record: dict) -> list[dict]:
+    """`_arrivals` under ddp_core and PyTorch's DDP, each at time dilation 1 and 2 (one launch)."""
+    return [_arrivals(rank, world_size, record, impl, dilation)
+            for impl in ("ddp_core", "torch") for dilation in (1.0, 2.0)]
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("impl", ["ddp_core", "torch"])
-def test_gradients_arrive_in_the_profiled_order_at_the_profiled_times(impl):
+def test_gradients_arrive_in_the_profiled_order_at_the_profiled_times():
     record = synthetic_profile()
     profile = Profile.from_record(record)
     expected_order = sorted(range(len(profile.ready)), key=profile.ready.__getitem__)
-    for dilation in (1.0, 2.0):
-        for result in run_ranks(_arrivals, 2, (record, impl, dilation)):
+    for per_rank in run_ranks(_arrivals_under_both, 2, (record,)):
+        for result, dilation in zip(per_rank, (1.0, 2.0, 1.0, 2.0)):
             assert result["order"] == expected_order
             late = [t - profile.ready[i] * dilation for i, t in zip(result["order"], result["times"])]
             assert min(late) > -0.001, "a gradient arrived before its profiled time"
             assert statistics.median(late) < 0.010  # a sleep wakes late by well under a millisecond, unloaded
-            assert result["forward_s"] == pytest.approx(FORWARD * dilation, abs=0.008)
+            # Never shorter than the profile; longer by DDP's own work (buffer broadcast, launches) and load.
+            assert FORWARD * dilation <= result["forward_s"] < FORWARD * dilation + 0.05
             assert result["backward_s"] >= profile.backward * dilation
-            assert result["step_s"] == pytest.approx(STEP * dilation, abs=0.008)
+            assert STEP * dilation <= result["step_s"] < STEP * dilation + 0.05
             assert result["grads_kept"]
 
 
@@ -155,21 +161,19 @@ def test_a_4_rank_emulated_sweep_over_2_hosts_records_undilated_times(tmp_path, 
     out.parent.mkdir(parents=True)
     started = time.perf_counter()
     assert main(["run", "--model", "resnet-tiny", "--world-size", "4", "--ranks-per-host", "2", "--link", "1gbit",
-                 "--compute", "emulated", "--compute-profile", str(profile), "--time-dilation", "1,3",
+                 "--compute", "emulated", "--compute-profile", str(profile), "--time-dilation", "3",
                  "--impl", "ddp_core,torch", "--iters", "3", "--warmup", "1", "--threads", "1",
                  "--out", str(out)]) == 0
-    assert time.perf_counter() - started < 120
+    assert time.perf_counter() - started < 60
     records = read_records(out)
-    assert len(records) == 4 and all(r["status"] == "ok" and r["correct"] for r in records)
+    assert len(records) == 2 and all(r["status"] == "ok" and r["correct"] for r in records)
     compute = Profile.from_record(synthetic_profile("resnet-tiny"))
     for r in records:
-        k = r["config"]["time_dilation"]
         assert r["compute_source"]["file"] == str(profile)
         assert min(r["latency_s"]) >= compute.forward + compute.backward + compute.optimizer  # never faster
         assert r["env"]["network"]["emulated_link"] == "1gbit"
-        if k == 3:
-            assert r["raw_latency_s"] == pytest.approx([t * 3 for t in r["latency_s"]])
-            assert r["env"]["network"]["qdisc"].startswith("tbf rate 333333.333kbit")
+        assert r["raw_latency_s"] == pytest.approx([t * 3 for t in r["latency_s"]])
+        assert r["env"]["network"]["qdisc"].startswith("tbf rate 333333.333kbit")  # 1gbit / 3
         assert r["timing"]["cores_busy"] is not None
     # The analysis reads them: one table row per run, undilated.
     monkeypatch.setenv("DDPBENCH_RESULTS", str(tmp_path / "results"))
@@ -178,5 +182,5 @@ def test_a_4_rank_emulated_sweep_over_2_hosts_records_undilated_times(tmp_path, 
 
     scale_model.main()
     table = (tmp_path / "results" / "tables" / "scale_model.csv").read_text().splitlines()
-    assert len(table) == 1 + 4 and (tmp_path / "results" / "figures" / "scale_model.png").exists()
+    assert len(table) == 1 + 2 and (tmp_path / "results" / "figures" / "scale_model.png").exists()
     assert json.loads(json.dumps(records[0]["compute_source"]))["copies"] == 1

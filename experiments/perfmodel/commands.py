@@ -195,13 +195,17 @@ def describe_profile(profile: Profile, source: Path, compute_s: float | None) ->
     c = profile.config
     copies = "alone (1 copy)" if c["world_size"] == 1 else f"as {c['world_size']} co-located copies"
     scaled = f", scaled to {compute_s:g} s of compute per iteration (--compute-s)" if compute_s else ""
+    if profile.scaled_to:
+        scaled += (f", scaled to {profile.scaled_to['device']} at inputs {profile.scaled_to['inputs']} "
+                   f"({profile.scaled_to['compute_s'] * 1e3:.1f} ms per iteration)")
     return (f"profile: {c['model']} on {c['device']}, batch {c['batch_size']}, image size {c['image_size']}, "
             f"sequence length {c['seq_len']}, {c['threads']} thread(s), measured {copies}{scaled}; from {source}")
 
 
 def profile_warnings(profile: Profile, args: argparse.Namespace) -> list[str]:
     """Warnings about a profile that does not fit the cluster asked for."""
-    if args.cluster and "nccl" in args.cluster and profile.config["device"] == "cpu" and args.compute_s is None:
+    if (args.cluster and "nccl" in args.cluster and profile.config["device"] == "cpu" and args.compute_s is None
+            and not profile.scaled_to):
         return [f"a CPU profile used for the GPU cluster --cluster={args.cluster}: the compute times are this CPU's, "
                 "far longer than a GPU's, so communication looks cheap; pass --compute-s with the GPU's compute "
                 "seconds per iteration, or profile on a GPU (ddpbench profile --device cuda)"]
@@ -319,7 +323,10 @@ def validate(runs: Path, backend: str = "gloo", device: str = "cpu") -> list[dic
     The network is fitted to the all-reduce records under `runs` (never to the runs themselves).
     """
     records = read_records(runs)
-    machine = fit(records, backend, device).model
+    try:
+        machine = fit(records, backend, device).model
+    except ValueError:
+        machine = None  # no loopback all-reduce records: only emulated-compute runs with their own fit are predicted
     loopback: dict[int, CommModel] = {}  # per world size, for the scale model's hosts
     rows = []
     for record in records:
@@ -335,6 +342,8 @@ def validate(runs: Path, backend: str = "gloo", device: str = "cpu") -> list[dic
                 continue
             comm = scale_model(loopback[c["world_size"]], link, rate, ranks_per_host, c["time_dilation"])
         else:
+            if machine is None:
+                continue
             profile = find_profile(records, c)
             # Over an emulated link: the link's configured rate, never a fit to these runs.
             comm = machine if link == "none" else emulated(machine, link, rate, ranks_per_host)
@@ -347,9 +356,15 @@ def validate(runs: Path, backend: str = "gloo", device: str = "cpu") -> list[dic
         rows.append({**{k: c[k] for k in ("model", "world_size", "bucket_mb", "impl", "sync_every",
                                           "process_groups", *PROFILE_KEYS)}, "link": link,
                      "ranks_per_host": ranks_per_host, "compute": c.get("compute", "real"),
-                     "time_dilation": c.get("time_dilation", 1.0),
+                     "time_dilation": c.get("time_dilation", 1.0), "busy_share": _busy_share(record),
                      "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})
     return rows
+
+
+def _busy_share(record: dict) -> float | None:
+    """The share of the machine's cores busy during a run's measured iterations (None where unknown)."""
+    busy, cores = (record.get("timing") or {}).get("cores_busy"), (record.get("env") or {}).get("cpu_count")
+    return None if busy is None or not cores else busy / cores
 
 
 def _compute_profile(config: dict, runs: Path) -> Profile | None:

@@ -130,6 +130,7 @@ class Profile:
     dtypes: tuple[str, ...]
     buffer_bytes: int
     config: dict
+    scaled_to: dict | None = None  # a profile scaled to a GPU's estimated time (perfmodel.gpus)
 
     @property
     def compute(self) -> float:
@@ -156,7 +157,8 @@ class Profile:
                    backward=median(synced, "backward"), ready=ready, tail=median(synced, "tail"),
                    optimizer=median(synced, "optimizer"), skipped_forward=median(skipped, "forward"),
                    skipped_backward=median(skipped, "backward"), nbytes=tuple(record["bytes"]),
-                   dtypes=tuple(record["dtypes"]), buffer_bytes=record["buffer_bytes"], config=record["config"])
+                   dtypes=tuple(record["dtypes"]), buffer_bytes=record["buffer_bytes"], config=record["config"],
+                   scaled_to=record.get("scaled_to"))
 
 
 # What makes two configs share a profile: the model, its inputs, the device and the compute threads.
