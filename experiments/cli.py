@@ -18,12 +18,13 @@ from ddp_core.hooks import HOOKS
 from .config import (BACKENDS, DEVICES, IMPLS, LIST_PARAMS, ConfigError, RunConfig, check_network_available,
                      default_backend_and_device, expand_grid, parse_list)
 from .workloads import WORKLOADS
+from .workloads.spec import MODEL_HELP
 
 EXIT_BAD_INPUT = 2
 
 
 # The allowed values of the `run` lists that take names, shown in --help.
-ALLOWED = {"model": sorted(WORKLOADS), "impl": list(IMPLS), "comm_hook": ["none", *HOOKS], "backend": list(BACKENDS),
+ALLOWED = {"model": [*sorted(WORKLOADS), MODEL_HELP], "amp": ["none", "bf16", "fp16 (CUDA)"], "impl": list(IMPLS), "comm_hook": ["none", *HOOKS], "backend": list(BACKENDS),
            "device": list(DEVICES)}
 DEFAULT_BY_HARDWARE = {"backend": "nccl with GPUs, else gloo", "device": "cuda with GPUs, else cpu",
                        "threads": "the cores shared among the ranks"}
@@ -35,6 +36,9 @@ def _add_list_params(parser: argparse.ArgumentParser, names: list[str]) -> None:
         allowed = f" of {', '.join(ALLOWED[name])}" if name in ALLOWED else ""
         if name == "link":
             allowed = " of none (loopback) or link rates such as 1gbit (emulated hosts; needs root)"
+        if name == "model_config":
+            allowed = (" key=value pairs for --model (configuration fields of transformers:, builder keywords of "
+                       "torchvision: and of a user file's build_model); several configurations separated by ';'")
         default = DEFAULT_BY_HARDWARE.get(name, repr(getattr(defaults, name)))
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="LIST",
                             help=f"comma-separated{allowed}; default {default}")

@@ -12,7 +12,6 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 import torch.distributed as dist
@@ -21,8 +20,10 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 import ddp_core
 from ddp_core.hooks import HOOKS
 
+from .amp import FULL, Precision
 from .config import RunConfig
-from .workloads import workload
+from .workloads.spec import Workload, model_size
+from .workloads.spec import load as load_workload
 
 PHASES = ("forward", "backward", "exposed_comm", "optimizer")
 
@@ -114,15 +115,17 @@ def parameter_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def train_step(ddp, family, batch: dict, optimizer, sync: bool, mark=lambda phase: None) -> None:
+def train_step(ddp, family, batch: dict, optimizer, sync: bool, mark=lambda phase: None,
+               precision: Precision = FULL) -> None:
     """One iteration: forward, backward (with the all-reduces), optimizer; `mark(phase)` at each phase end."""
     with contextlib.nullcontext() if sync else ddp.no_sync():
-        loss = family.loss(ddp, batch)
+        with precision.autocast():  # --amp: forward in bf16/fp16 where autocast allows
+            loss = family.loss(ddp, batch)
         mark("forward")
-        loss.backward()  # with ddp_core: compute, then the wait for all-reduce at its end
+        precision.backward(loss)  # with ddp_core: compute, then the wait for all-reduce at its end
         mark("backward")
     if sync:
-        optimizer.step()
+        precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
     mark("optimizer")
 
@@ -132,11 +135,12 @@ class Trainee:
     """What one rank trains for a config: the model, its DDP wrapper, optimizer and a fixed batch."""
 
     device: torch.device
-    family: ModuleType
+    family: Workload
     model: torch.nn.Module
     ddp: torch.nn.Module
     optimizer: torch.optim.Optimizer
     batch: dict
+    precision: Precision = FULL
 
 
 def build(rank: int, config: RunConfig, group=None) -> Trainee:
@@ -144,14 +148,14 @@ def build(rank: int, config: RunConfig, group=None) -> Trainee:
     batch (the same batch every iteration, so that making data never counts as training time)."""
     device = rank_device(rank, config.device)
     torch.manual_seed(config.seed)
-    family = workload(config.model)
-    model = family.MODELS[config.model]().to(device)
+    family = load_workload(config.model, config.model_config, config.image_size, config.seq_len, config.model_hash)
+    model = family.build().to(device)
     ddp = wrap(model, config, device, group)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     batch = {k: v.to(device) for k, v in
              family.make_batch(model, config.batch_size, config.image_size, config.seq_len, generator).items()}
-    return Trainee(device, family, model, ddp, optimizer, batch)
+    return Trainee(device, family, model, ddp, optimizer, batch, Precision(config.amp, device))
 
 
 def slowest_per_iteration(local: list[float]) -> list[float]:
@@ -182,7 +186,7 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
             observer.buckets = {}
         wall_start = time.perf_counter()
         clock.start()
-        train_step(ddp, t.family, t.batch, t.optimizer, sync, clock.mark)
+        train_step(ddp, t.family, t.batch, t.optimizer, sync, clock.mark, t.precision)
         marks = clock.seconds()
         if measured < 0:
             warmup_s += marks["optimizer"]
@@ -203,4 +207,4 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
     return {"rank": rank, "setup_s": setup_s, "warmup_s": warmup_s, "iterations": iterations,
-            "digest": parameter_digest(t.model), "timeline": timeline}
+            "digest": parameter_digest(t.model), "timeline": timeline, "model_size": model_size(t.model)}

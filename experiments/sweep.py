@@ -47,6 +47,7 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
         "buckets": [r["timeline"]["buckets"] if r["timeline"] else None for r in per_rank],
         "correct": not wrong,
         "wrong_ranks": wrong,
+        "model_size": per_rank[0].get("model_size"),  # parameters and gradient bytes (issue 15)
         # Where a config's wall time goes besides measuring: model build, warm-up, and the rest (overhead).
         "timing": {"setup_s": max(r["setup_s"] for r in per_rank), "warmup_s": max(r["warmup_s"] for r in per_rank),
                    "measured_s": sum(latency), "config_wall_s": wall_s},
