@@ -1,4 +1,4 @@
-"""`ddpbench` (also `python -m experiments`): run, allreduce, train, compare, ab, profile, predict, tune-bucket.
+"""`ddpbench` (also `python -m experiments`): run, allreduce, train, compare, ab, profile, predict, tune-bucket, advise.
 
 Every input is checked before any process starts; a bad one exits with status 2, names the
 parameter, the value and what is allowed, and writes nothing.
@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(sub.choices[name])
     perfmodel.add_model_arguments(sub.add_parser("predict", help="predict DDP latency from a profile (model)"), False)
     perfmodel.add_model_arguments(sub.add_parser("tune-bucket", help="recommend a bucket cap (model)"), True)
+    from .perfmodel import advise
+
+    advise.add_arguments(sub.add_parser("advise", help="how DDP will behave for your model: profile, predict, advise"))
     compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
     ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
     from . import history
@@ -166,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("predict", "tune-bucket"):
         return perfmodel.main(args)
+    if args.command == "advise":
+        from .perfmodel import advise
+
+        return advise.main(args)
     if args.command == "history":
         from . import history
 
