@@ -128,6 +128,8 @@ def _model_info(model: str, model_config: str, image_size: int, seq_len: int) ->
 
 def model_info(config: RunConfig) -> dict:
     """What `check` knows of `config`'s model (parameters, file hash); ConfigError naming a bad spec."""
+    if model_spec.kind(config.model) == "user":  # cheap, and its file may have changed: never cached
+        return _model_info.__wrapped__(config.model, config.model_config, config.image_size, config.seq_len)
     return _model_info(config.model, config.model_config, config.image_size, config.seq_len)
 
 

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ..config import ConfigError, RunConfig, default_backend_and_device, expand_grid, parse_list, validate_backend
-from ..records import machine_name
+from ..records import machine_name, read_records
 from . import probe
 from . import profile as profiling
 from .comm import PRESETS
@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--colocated", type=int, help="profile as this many copies at once (default: the world size "
                         "on this machine, 1 with --cluster)")
     parser.add_argument("--out", type=Path, help="write OUT.md, OUT.json and the profile record OUT.profile.jsonl")
+    parser.add_argument("--from-profile", type=Path, metavar="FILE", help="measure nothing: report from the newest "
+                        "advise profile of --model in FILE (an OUT.profile.jsonl), e.g. for another network")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds the measurement may take")
 
 
@@ -126,9 +128,12 @@ def main(args: argparse.Namespace) -> int:
                 check_output(args.out.with_name(args.out.name + suffix))
         if args.compute_s is not None and not args.compute_s > 0:
             raise ConfigError(f"--compute-s={args.compute_s} is not allowed; it must be > 0")
+        stored = _stored(args.from_profile, args.model) if args.from_profile is not None else None
     except ConfigError as error:
         print(f"ddpbench advise: error: {error}", file=sys.stderr)
         return 2
+    if stored is not None:
+        return _report(stored, comm, net, args, args.from_profile)
     kept: list[dict] = []
     with tempfile.TemporaryDirectory() as scratch:
         records = (args.out.with_name(args.out.name + ".profile.jsonl") if args.out is not None
@@ -143,9 +148,24 @@ def main(args: argparse.Namespace) -> int:
                           echo=lambda line: print(line, file=sys.stderr))
     if counts["failed"] and not (kept and "probes" in kept[0]):
         return 1  # the ranks' error is printed above
-    report = build_report(kept[0], comm, net, args, records if args.out is not None else None)
+    return _report(kept[0], comm, net, args, records if args.out is not None else None)
+
+
+def _stored(path: Path, model: str) -> dict:
+    """The newest advise record of `model` in `path` (ConfigError if there is none)."""
+    try:
+        found = [r for r in read_records(path) if "probes" in r and r["config"]["model"] == model]
+    except FileNotFoundError as error:
+        raise ConfigError(f"--from-profile: {error}") from None
+    if not found:
+        raise ConfigError(f"--from-profile={str(path)!r} holds no advise profile of --model={model!r}")
+    return found[-1]
+
+
+def _report(record: dict, comm, net, args, profile_path: Path | None) -> int:
+    report = build_report(record, comm, net, args, profile_path)
     print(format_terminal(report))
     if args.out is not None:
         write_outputs(report, args.out, format_markdown(report))
-        print(f"ddpbench advise: wrote {args.out}.md, {args.out}.json and {records}", file=sys.stderr)
+        print(f"ddpbench advise: wrote {args.out}.md and {args.out}.json", file=sys.stderr)
     return 0

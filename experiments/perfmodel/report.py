@@ -15,7 +15,7 @@ from pathlib import Path
 from ddp_core.bucketing import TensorSpec, assign_buckets
 
 from .comm import CommModel, Link
-from .commands import DEFAULT_CAPS, describe_profile, near_best, predict_rows, profile_warnings
+from .commands import DEFAULT_CAPS, TOLERANCE, caps_text, describe_profile, near_best, predict_rows, profile_warnings
 from .probe import medians
 from .profile import Profile
 from .simulate import Schedule, buckets_of, simulate
@@ -117,10 +117,13 @@ def build_report(record: dict, comm: CommModel, net, args, profile_path: Path | 
     near = near_best(rows)
     best = near[0]
     at25 = next(row for row in rows if row["bucket_mb"] == 25)
-    _figure(figures, "recommended bucket cap", f"{best['bucket_mb']:g} MB: {best['latency_ms']:.1f} ms, "
-            f"{1 - best['latency_ms'] / at25['latency_ms']:.1%} faster than 25 MB"
-            + (f" (caps within 1%: {', '.join(format(r['bucket_mb'], 'g') for r in near)})" if len(near) > 1 else ""),
-            "predicted", best["bucket_mb"])
+    within = f"caps {caps_text([r['bucket_mb'] for r in near], caps)} predict within {TOLERANCE:.0%} of the best"
+    if any(r["bucket_mb"] == 25 for r in near):
+        _figure(figures, "recommended bucket cap", f"25 MB, the default ({within})", "predicted", 25.0)
+    else:
+        _figure(figures, "recommended bucket cap", f"{best['bucket_mb']:g} MB: {best['latency_ms']:.1f} ms against "
+                f"{at25['latency_ms']:.1f} ms at 25 MB ({best['latency_ms'] / at25['latency_ms'] - 1:+.1%}; {within})",
+                "predicted", best["bucket_mb"])
     report["caps"] = rows
 
     def option(what: str, latency: float, note: str = "") -> None:

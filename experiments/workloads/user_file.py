@@ -53,8 +53,8 @@ def _unknown(spec: str) -> ValueError:
     bare = {c.split(":", 1)[-1]: c for c in candidates}
     close = [bare[c] for c in difflib.get_close_matches(spec, list(bare), n=3, cutoff=0.7)]
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    return ValueError(f"--model={spec!r} is unknown{hint} A model is one of {', '.join(sorted(WORKLOADS))}, "
-                      f"{TORCHVISION}NAME, {TRANSFORMERS}TYPE, a file path/to/file.py or a module package.module")
+    return ValueError(f"--model={spec!r} is not allowed; choose one of {', '.join(sorted(WORKLOADS))}, "
+                      f"{TORCHVISION}NAME, {TRANSFORMERS}TYPE, a file path/to/file.py or a module package.module{hint}")
 
 
 def _import(spec: str):
