@@ -247,7 +247,8 @@ def write_trace(trace_dir: Path, config: RunConfig, per_rank: list[dict]) -> Pat
     trace_dir.mkdir(parents=True, exist_ok=True)
     c = config
     digest = hashlib.sha1(config_key(dataclasses.asdict(c)).encode()).hexdigest()[:8]  # tells apart the rest
-    name = (f"{c.model}_{c.impl}_{c.backend}-{c.device}_ws{c.world_size}_bucket{c.bucket_mb:g}_sync{c.sync_every}"
+    model = c.model.replace("/", "_").replace(":", "-")  # a file path or torchvision:NAME, as one file name
+    name = (f"{model}_{c.impl}_{c.backend}-{c.device}_ws{c.world_size}_bucket{c.bucket_mb:g}_sync{c.sync_every}"
             f"_pg{c.process_groups}_{c.comm_hook}_{digest}")
     path = trace_dir / f"{name}.json"
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
