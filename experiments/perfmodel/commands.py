@@ -266,13 +266,14 @@ def measured_latency(record: dict) -> float:
     return statistics.median(cycle_means(record["latency_s"], record["config"]["sync_every"]))
 
 
-def validate(runs: Path, backend: str = "gloo", device: str = "cpu") -> list[dict]:
+def validate(runs: Path, backend: str = "gloo", device: str = "cpu", allreduce: Path | None = None) -> list[dict]:
     """Predicted against measured latency for every ddp_core run under `runs` that has a profile there.
 
-    The network is fitted to the all-reduce records under `runs` (never to the runs themselves).
+    The network is fitted to the all-reduce records under `runs` (never to the runs themselves), or
+    under `allreduce` where given.
     """
     records = read_records(runs)
-    machine = fit(records, backend, device).model
+    machine = fit(read_records(allreduce) if allreduce is not None else records, backend, device).model
     rows = []
     for record in records:
         c = record["config"]

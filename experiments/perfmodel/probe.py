@@ -63,19 +63,7 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
         t = build(rank, config, alone)  # ddp_core with the run's defaults: views off, no search
         unused = unused_parameters(t.model, t.family, t.batch, t.precision)
         rounds, warmup = config.iters, config.warmup
-        # find_unused_parameters: forward only (the search runs at its end); no backward follows, which
-        # ddp_core allows (the next forward starts afresh), so no gradient hook fires here.
-        searching = ddp_core.DistributedDataParallel(t.model, process_group=group, find_unused_parameters=True,
-                                                     bucket_cap_mb=config.bucket_mb)
-
-        def forward(ddp):
-            with t.precision.autocast():
-                t.family.loss(ddp, t.batch)
-
         result = {"unused": unused, "model_size": model_size(t.model)}
-        result["forward"] = _alternate({"plain": lambda: forward(t.ddp), "search": lambda: forward(searching)},
-                                       rounds, warmup, t.device)
-        del searching
         if not unused:  # whole iterations need every gradient (without the search)
             torch.manual_seed(config.seed)
             twin = t.family.build().to(t.device)  # the same weights, in its own DDP with bucket views
@@ -86,6 +74,17 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
                 {"copies": lambda: train_step(t.ddp, t.family, t.batch, t.optimizer, True, precision=t.precision),
                  "views": lambda: train_step(views, t.family, t.batch, twin_optimizer, True, precision=t.precision)},
                 rounds, warmup, t.device)
+        # find_unused_parameters: forward only (the search runs at its end). It comes last: a second DDP
+        # over the same parameters adds its gradient hooks to them, which no backward may meet later.
+        searching = ddp_core.DistributedDataParallel(t.model, process_group=group, find_unused_parameters=True,
+                                                     bucket_cap_mb=config.bucket_mb)
+
+        def forward(ddp):
+            with t.precision.autocast():
+                t.family.loss(ddp, t.batch)
+
+        result["forward"] = _alternate({"plain": lambda: forward(t.ddp), "search": lambda: forward(searching)},
+                                       rounds, warmup, t.device)
         flat = torch.randn(sum(p.numel() for p in t.model.parameters() if p.requires_grad), device=t.device)
         result["cast"] = _alternate({dtype: (lambda d=getattr(torch, dtype): flat.to(d).to(torch.float32))
                                      for dtype in ("float16", "bfloat16")}, 5, 1, t.device)
