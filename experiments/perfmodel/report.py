@@ -127,7 +127,9 @@ def build_report(record: dict, comm: CommModel, net, args, profile_path: Path | 
     report["caps"] = rows
 
     def option(what: str, latency: float, note: str = "") -> None:
-        _figure(figures, what, f"{latency * 1e3:.1f} ms ({latency / base.latency - 1:+.1%}){note}", "predicted", latency)
+        change = latency / base.latency - 1
+        verdict = "pays off" if change < -TOLERANCE else "costs time" if change > TOLERANCE else "no gain"
+        _figure(figures, what, f"{verdict}: {latency * 1e3:.1f} ms ({change:+.1%}){note}", "predicted", latency)
 
     if "iteration_views_s" in probes:
         saving = probes["iteration_copies_s"] - probes["iteration_views_s"]
