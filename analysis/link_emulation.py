@@ -140,7 +140,7 @@ def main() -> None:
     overlap = overlap_table(records, machine_comm) if machine_comm is not None else pd.DataFrame()
     validation = pd.DataFrame(validate(folder)) if has_profiles else pd.DataFrame()
     if not validation.empty:
-        validation = validation[validation["link"] != "none"]
+        validation = validation[(validation["link"] != "none") & (validation["compute"] == "real")]  # (else: scale_model)
 
     fig, (ax_fid, ax_overlap) = figure(caption(runs("link_e2_overlap")), ncols=2, width=5.5)
     for link, group in table.groupby("link", sort=False) if not table.empty else []:

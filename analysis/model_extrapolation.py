@@ -18,15 +18,11 @@ import pandas as pd
 
 from analysis.common import figure, machine, results_dir, save
 from experiments.perfmodel.comm import PRESETS
+from experiments.perfmodel.gpus import TRAINING_FLOPS, estimated_seconds
 from experiments.perfmodel.profile import Profile
 from experiments.perfmodel.simulate import Schedule, simulate
 from experiments.records import read_records
 
-V100_FP32_FLOPS = 15.7e12  # V100 SXM2 peak FP32 (NVIDIA datasheet)
-ACHIEVED = 0.4  # assumed share of peak a training step reaches
-# Training FLOPs per iteration, about 3x forward: ResNet50 4.1 GFLOPs per 224x224 image (forward),
-# batch 32; BERT-base 6 x 110 M parameters per token, 16 sequences of 128 tokens.
-TRAINING_FLOPS = {"resnet50": 3 * 4.1e9 * 32, "bert-base": 6 * 110e6 * 16 * 128}
 WORLD_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 CAPS = [0, 1, 2, 5, 10, 25, 50, 100, 200]
 BACKENDS = {"NCCL": "paper-v100-nccl", "Gloo": "paper-v100-gloo"}
@@ -41,7 +37,7 @@ def v100_profiles() -> dict[str, Profile]:
     for record in records:  # the newest one-process profile of each model wins (one GPU per rank on the cluster)
         if record["config"]["model"] in TRAINING_FLOPS and record["config"]["world_size"] == 1:
             profile = Profile.from_record(record)
-            seconds = TRAINING_FLOPS[profile.model] / (ACHIEVED * V100_FP32_FLOPS)
+            seconds = estimated_seconds(profile.model, "v100")
             profiles[profile.model] = profile.scaled(seconds / profile.compute)
     return profiles
 

@@ -52,7 +52,8 @@ def main() -> None:
         return
     comm_fit = fit(records, "gloo", "cpu")
     rows = pd.DataFrame(validate(folder))
-    rows = rows[rows["link"] == "none"] if not rows.empty else rows  # runs over emulated links: link_emulation
+    # runs over emulated links: link_emulation; with emulated compute: scale_model
+    rows = rows[(rows["link"] == "none") & (rows["compute"] == "real")] if not rows.empty else rows
     fig, (ax_fit, ax_val) = figure(caption(runs("e2_overlap")), ncols=2, width=5.5)
     fitted = pd.DataFrame(comm_fit.rows)
     for mode, group in fitted.groupby("mode"):

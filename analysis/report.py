@@ -20,7 +20,7 @@ from experiments.config import RunConfig
 from experiments.stats import ratio_of_medians
 
 SCRIPTS = ["e1_allreduce", "e2_overlap", "e3_bucket_size", "e4_scaling", "e5_skip_sync", "e6_convergence",
-           "e7_round_robin", "e8_backends", "model_validation", "model_extrapolation", "link_emulation", "sweep_overhead"]
+           "e7_round_robin", "e8_backends", "model_validation", "model_extrapolation", "link_emulation", "scale_model", "sweep_overhead"]
 # Tables a script writes besides its own, shown under its section.
 EXTRA_TABLES = {"link_emulation": {
     "link_fidelity_summary": "Fidelity per link: share of the rate reached by messages of 4 MiB and more, and the "
@@ -29,6 +29,14 @@ EXTRA_TABLES = {"link_emulation": {
                     "possible (min(compute, communication)), best behind backward alone, and the model's predicted saving",
     "link_bucket_recommendation": "tune-bucket for each link against the best cap measured over it",
     "link_e1_allreduce": "E1 over a link beside loopback: seconds to all-reduce the same total in calls of each size",
+}, "scale_model": {
+    "scale_validation": "Validation at 2 ranks over one link: emulated against real compute (same model, same "
+                        "profile machine); ratio of medians with a 95% CI, goal within 5%",
+    "scale_dilation": "Time dilation at 2 ranks: undilated latency at K = 1, 2, 4 against K = 1 (goal within 5%)",
+    "scale_intra_host": "Inside an emulated host: this machine's loopback all-reduce (25 MiB) x K against the "
+                        "NVLink of the paper's testbed (the model's preset)",
+    "scale_model_errors": "The performance model against every emulated-compute run (network: the links' configured "
+                          "rates and this machine's loopback at the run's world size, x K)",
 }}
 # E6: "no visible harm" read as a final loss within 25% of reducing every iteration (upper CI bound).
 NO_VISIBLE_HARM = 1.25
@@ -46,6 +54,8 @@ TITLES = {
                            "measurements; assumptions in analysis/model_extrapolation.py)",
     "link_emulation": "The emulated cluster: link fidelity (left), overlap saving by communication share (right), "
                       "and the performance model against every emulated run (table; network = the configured rate)",
+    "scale_model": "Scale model: 1-16 ranks with compute emulated from a V100 estimate, network emulated (8 ranks "
+                   "per host, 100 Gbit/s between hosts), time dilated K times; all times undilated",
     "sweep_overhead": "Where the job's time goes (seconds; 'other' is the runner's overhead, including "
                       "process start-up for the first config of each world size)",
 }
@@ -224,6 +234,21 @@ def disagreeing_repeats(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def model_error_lines(data: pd.DataFrame) -> list[str]:
+    """The model's median and worst |error| over a table of predictions, and over world sizes 4-16
+    where it has them (the scale model's goal); nothing for a table without errors."""
+    if "error" not in data or data.empty:
+        return []
+    lines = []
+    for label, part in (("these", data), ("world sizes 4-16 of these",
+                                          data[data["world_size"] >= 4] if "world_size" in data else data.iloc[:0])):
+        if not part.empty:
+            errors = part["error"].abs()
+            lines.append(f"Model error over {label} {len(part)} runs: median |error| {errors.median():.1%}, "
+                         f"worst {errors.max():.1%}.")
+    return [*lines, ""]
+
+
 def skipped_because(note_file) -> str:
     """What the report says for a section without a table: why, where the script said so."""
     note = note_file.read_text().strip() if note_file.exists() else ""
@@ -273,16 +298,13 @@ def main() -> None:
         except (FileNotFoundError, pd.errors.EmptyDataError):
             data = pd.DataFrame()
         lines += [markdown_table(data) if not data.empty else skipped_because(root / "tables" / f"{name}.note"), ""]
-        if "error" in data and not data.empty:
-            errors = data["error"].abs()
-            lines += [f"Model error over these {len(data)} runs: median |error| {errors.median():.1%}, "
-                      f"worst {errors.max():.1%}.", ""]
+        lines += model_error_lines(data)
         for extra, title in EXTRA_TABLES.get(name, {}).items():
             try:
                 extra_data = pd.read_csv(root / "tables" / f"{extra}.csv")
             except (FileNotFoundError, pd.errors.EmptyDataError):
                 continue
-            lines += [f"### {title}", "", markdown_table(extra_data), ""]
+            lines += [f"### {title}", "", markdown_table(extra_data), "", *model_error_lines(extra_data)]
     (root / "report.md").write_text("\n".join(lines))
     print(f"wrote {root / 'report.md'}")
 

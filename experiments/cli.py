@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ddp_core.hooks import HOOKS
 
-from .config import (BACKENDS, DEVICES, IMPLS, LIST_PARAMS, ConfigError, RunConfig, check_network_available,
+from .config import (BACKENDS, COMPUTE, DEVICES, IMPLS, LIST_PARAMS, ConfigError, RunConfig, check_network_available,
                      default_backend_and_device, expand_grid, parse_list)
 from .workloads import WORKLOADS
 from .workloads.spec import MODEL_HELP
@@ -24,8 +24,8 @@ EXIT_BAD_INPUT = 2
 
 
 # The allowed values of the `run` lists that take names, shown in --help.
-ALLOWED = {"model": [*sorted(WORKLOADS), MODEL_HELP], "amp": ["none", "bf16", "fp16 (CUDA)"], "impl": list(IMPLS), "comm_hook": ["none", *HOOKS], "backend": list(BACKENDS),
-           "device": list(DEVICES)}
+ALLOWED = {"model": [*sorted(WORKLOADS), MODEL_HELP], "amp": ["none", "bf16", "fp16 (CUDA)"], "impl": list(IMPLS),
+           "comm_hook": ["none", *HOOKS], "backend": list(BACKENDS), "device": list(DEVICES), "compute": list(COMPUTE)}
 DEFAULT_BY_HARDWARE = {"backend": "nccl with GPUs, else gloo", "device": "cuda with GPUs, else cpu",
                        "threads": "the cores shared among the ranks"}
 
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(sub.choices[name])
     perfmodel.add_model_arguments(sub.add_parser("predict", help="predict DDP latency from a profile (model)"), False)
     perfmodel.add_model_arguments(sub.add_parser("tune-bucket", help="recommend a bucket cap (model)"), True)
+    perfmodel.add_scale_arguments(sub.add_parser("scale-profile", help="a profile scaled to a GPU's estimated time"))
     from .perfmodel import advise
 
     advise.add_arguments(sub.add_parser("advise", help="how DDP will behave for your model: profile, predict, advise"))
@@ -173,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         from .perfmodel import advise
 
         return advise.main(args)
+    if args.command == "scale-profile":
+        return perfmodel.scale_main(args)
     if args.command == "history":
         from . import history
 

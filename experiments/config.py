@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import itertools
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from ddp_core.hooks import HOOKS
 
@@ -17,6 +17,7 @@ from . import network
 from .workloads import spec as model_spec
 
 IMPLS = ("ddp_core", "ddp_core_no_overlap", "torch")
+COMPUTE = ("real", "emulated")
 BACKENDS = ("nccl", "gloo", "mpi")
 DEVICES = ("cpu", "cuda")
 AMPS = ("none", "bf16", "fp16")
@@ -52,6 +53,9 @@ class RunConfig:
     model_config: str = ""  # key=value,... for torchvision:/transformers:/user models (see workloads/spec.py)
     amp: str = "none"  # autocast in forward: none, bf16, fp16 (with a gradient scaler; CUDA only)
     model_hash: str = ""  # sha256 (16 hex digits) of a user's workload file: set from the file, never given
+    compute: str = "real"  # `emulated`: a stand-in waits for the times of --compute-profile (workloads/emulated.py)
+    compute_profile: str = ""  # a `ddpbench profile` record file; used by emulated configs only
+    time_dilation: float = 1.0  # K: links at rate / K and emulated compute K times longer; records undilate
 
 
 # Parameters the CLI accepts as comma-separated lists, with their element types (model_hash: derived).
@@ -84,12 +88,14 @@ def expand_grid(lists: dict[str, list]) -> list[RunConfig]:
         raise ConfigError(f"unknown parameter(s) {sorted(unknown)}; known: {sorted(LIST_PARAMS)}")
     names = list(lists)
     configs = [RunConfig(**dict(zip(names, combo))) for combo in itertools.product(*(lists[n] for n in names))]
+    # --compute real,emulated --compute-profile P: the profile is the emulated configs' alone.
+    configs = [replace(c, compute_profile="") if c.compute == "real" else c for c in configs]
     for config in configs:
         validate(config)
     # A user's file is identified by its content as well as its name (records, --resume, compare).
     configs = [dataclasses.replace(c, model_hash=model_info(c)["source_hash"]) for c in configs]
     # Group configs of one world size (and backend/device/network) together: they share one set of processes.
-    configs.sort(key=lambda c: (c.backend, c.device, c.world_size, c.link, c.ranks_per_host))
+    configs.sort(key=lambda c: (c.backend, c.device, c.world_size, c.link, c.ranks_per_host, c.time_dilation))
     return list(dict.fromkeys(configs))  # drop duplicates, keep order
 
 
@@ -112,6 +118,7 @@ def validate(config: RunConfig, gpu_count: int | None = None) -> None:
     if config.bucket_mb < 0:
         raise ConfigError(f"--bucket-mb={config.bucket_mb} is not allowed; it must be >= 0 (0 = one parameter per bucket)")
     validate_network(config.link, config.ranks_per_host, config.world_size)
+    validate_compute(config)
     check_memory(config, model_info(config)["parameters"])  # (after the sizes: the check runs the model on them)
     if config.impl == "torch" and (config.process_groups > 1):
         raise ConfigError("--process-groups > 1 needs --impl ddp_core or ddp_core_no_overlap (PyTorch's DDP takes one group)")
@@ -168,6 +175,26 @@ def validate_network(link: str, ranks_per_host: int, world_size: int | None = No
         # (= world size is one host: the baseline that E4 compares two hosts with)
         raise ConfigError(f"--ranks-per-host={ranks_per_host} is more than --world-size={world_size}; it must be "
                           f"at most the world size ({world_size} puts every rank on one host)")
+
+
+def validate_compute(config: RunConfig) -> None:
+    """Raise ConfigError unless the compute mode, its profile and the time dilation fit together."""
+    _one_of("compute", config.compute, COMPUTE)
+    if not config.time_dilation >= 1:
+        raise ConfigError(f"--time-dilation={config.time_dilation:g} is not allowed; it must be >= 1 (K times slower)")
+    if config.compute == "real":
+        if config.time_dilation != 1:
+            raise ConfigError(f"--time-dilation={config.time_dilation:g} needs --compute emulated (real compute "
+                              "cannot be slowed down K times)")
+        return
+    if not config.compute_profile:
+        raise ConfigError("--compute emulated needs --compute-profile FILE (a `ddpbench profile` record of the model)")
+    from .workloads.emulated import ComputeProfileError, load_compute_profile
+
+    try:
+        load_compute_profile(config.compute_profile, config.model, config.world_size)
+    except ComputeProfileError as error:
+        raise ConfigError(str(error)) from None
 
 
 def add_network_arguments(parser) -> None:

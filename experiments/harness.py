@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import resource
 import time
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.distributed as dist
@@ -22,6 +24,7 @@ from ddp_core.hooks import HOOKS
 
 from .amp import FULL, Precision
 from .config import RunConfig
+from .workloads import emulated
 from .workloads.spec import Workload, model_size
 from .workloads.spec import load as load_workload
 
@@ -135,12 +138,13 @@ class Trainee:
     """What one rank trains for a config: the model, its DDP wrapper, optimizer and a fixed batch."""
 
     device: torch.device
-    family: Workload
+    family: Workload | ModuleType  # (emulated compute: the stand-in module)
     model: torch.nn.Module
     ddp: torch.nn.Module
     optimizer: torch.optim.Optimizer
     batch: dict
     precision: Precision = FULL
+    compute: dict | None = None  # emulated compute: which profile the stand-in replays
 
 
 def build(rank: int, config: RunConfig, group=None) -> Trainee:
@@ -148,14 +152,34 @@ def build(rank: int, config: RunConfig, group=None) -> Trainee:
     batch (the same batch every iteration, so that making data never counts as training time)."""
     device = rank_device(rank, config.device)
     torch.manual_seed(config.seed)
-    family = load_workload(config.model, config.model_config, config.image_size, config.seq_len, config.model_hash)
-    model = family.build().to(device)
-    ddp = wrap(model, config, device, group)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+    family = load_workload(config.model, config.model_config, config.image_size, config.seq_len,
+                           config.model_hash)
+    builder = family.build
+    if config.compute == "emulated":  # a stand-in with the model's parameters that waits for the profiled times
+        compute = emulated.load_compute_profile(config.compute_profile, config.model, config.world_size)
+        family, model = emulated, emulated.build_stand_in(builder, compute, config.time_dilation, device)
+        ddp = model.wrapper = wrap(model, config, device, group)
+        optimizer = emulated.StandInOptimizer(compute.profile, config.time_dilation)
+    else:
+        model = builder().to(device)
+        ddp = wrap(model, config, device, group)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     batch = {k: v.to(device) for k, v in
              family.make_batch(model, config.batch_size, config.image_size, config.seq_len, generator).items()}
-    return Trainee(device, family, model, ddp, optimizer, batch, Precision(config.amp, device))
+    return Trainee(device, family, model, ddp, optimizer, batch, precision=Precision(config.amp, device),
+                   compute=compute.source if config.compute == "emulated" else None)
+
+
+def machine_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy so far (/proc/stat: all but idle and iowait), or
+    None where /proc/stat is missing. How busy the cores were while a config ran tells whether the
+    machine kept up with what it emulated (an emulated cluster needs idle cores to be faithful)."""
+    try:
+        fields = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def slowest_per_iteration(local: list[float]) -> list[float]:
@@ -184,6 +208,8 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
         sync = measured < 0 or (measured + 1) % config.sync_every == 0
         if observer is not None:
             observer.buckets = {}
+        if measured == 0:
+            cpu_start = machine_cpu_seconds()
         wall_start = time.perf_counter()
         clock.start()
         train_step(ddp, t.family, t.batch, t.optimizer, sync, clock.mark, t.precision)
@@ -206,5 +232,10 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
                                     for k, v in sorted(observer.buckets.items())}}
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return {"rank": rank, "setup_s": setup_s, "warmup_s": warmup_s, "iterations": iterations,
+    cpu_end = machine_cpu_seconds()
+    cores_busy = None if None in (cpu_start, cpu_end) else (cpu_end - cpu_start) / sum(i["latency"] for i in iterations)
+    return {"rank": rank, "setup_s": setup_s, "warmup_s": warmup_s, "iterations": iterations, "cores_busy": cores_busy,
+            "compute": t.compute,
+            # peak resident memory of this rank's process so far (a pool's ranks run config after config)
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "digest": parameter_digest(t.model), "timeline": timeline, "model_size": model_size(t.model)}

@@ -54,6 +54,13 @@ def parse_rate(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def dilated(link: str, factor: float) -> str:
+    """The rate to shape a link at when time runs `factor` times slower (`100gbit`, 200 -> `500mbit`)."""
+    if link == "none" or factor == 1:
+        return link
+    return f"{parse_rate(link) / factor / 1e3:.3f}".rstrip("0").rstrip(".") + "kbit"
+
+
 def burst_bytes(rate_bps: float) -> int:
     """The token bucket's size: 1 ms at the rate, but at least two 64 KiB segments (veth sends TCP in
     segments of up to 64 KiB, and a bucket smaller than one would split them)."""

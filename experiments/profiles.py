@@ -124,6 +124,57 @@ def link_commands(profile: str, common: list[str]) -> dict[str, list[str]]:
     }
 
 
+# The scale model (issue 14): ranks with emulated compute on emulated hosts, time dilated by K.
+# K = 50 keeps this 2-core machine below saturation at 16 ranks of ResNet50 (the records' cores_busy
+# says how busy it was); BERT-base stops at 8 ranks: 16 stand-ins would need about 26 GB.
+SCALE_DILATION = "50"
+PAPER_CLUSTER = ["--link", "100gbit", "--ranks-per-host", "8"]  # 8 GPUs per server, 100 Gbit/s between
+
+
+def scale_commands(profile: str, common: list[str], out_dir: Path) -> dict[str, list[str]]:
+    """Experiment name -> ddpbench arguments for the scale model; the profiles come from `out_dir`."""
+    if profile != "quick":
+        return {}
+    measured = str(out_dir / "model_profile.jsonl")
+    fresh = str(out_dir / "scale_profile.jsonl")  # profiled right before the validation it drives
+    gpu = str(out_dir / "scale_gpu_profile.jsonl")
+    link = ["--world-size", "2", "--link", "2.5gbit", "--iters", "10", "--warmup", "2"]
+    emulated = ["--compute", "emulated", "--compute-profile", gpu, "--time-dilation", SCALE_DILATION,
+                "--iters", "4", "--warmup", "2", "--threads", "1"]
+    inputs = common[common.index("--model"):common.index("--iters")]
+    return {
+        # Validation at 2 ranks over one link: emulated against real compute, then K = 1, 2, 4.
+        "scale_profile": ["profile", "--device", "cpu", *inputs, "--iters", "10", "--warmup", "2", "--threads", "1",
+                          "--colocated", "2"],
+        "scale_validation": ["run", *common, *link, "--impl", "ddp_core,ddp_core_no_overlap",
+                             "--compute", "real,emulated", "--compute-profile", fresh],
+        "scale_dilation": ["run", *common, *link, "--compute", "emulated", "--compute-profile", fresh,
+                           "--time-dilation", "1,2,4"],
+        # Loopback all-reduce at 2-16 ranks: how fast the ranks of one emulated host talk (unshaped).
+        "scale_loopback": ["allreduce", "--mode", "size", "--world-size", "2,4,8,16", "--sizes", "1048576,26214400",
+                           "--reps", "3", "--warmup", "1"],
+        "scale_gpu_profile": ["scale-profile", "--profile", measured, "--model", "resnet50,bert-base", "--gpu", "v100"],
+        "scale_e4_one_host": ["run", "--model", "resnet50,bert-base", "--world-size", "1,2,4,8", *emulated],
+        "scale_e4_two_hosts": ["run", "--model", "resnet50", "--world-size", "16", *PAPER_CLUSTER, *emulated],
+        "scale_e3": ["run", "--model", "resnet50", "--world-size", "16", *PAPER_CLUSTER, *emulated,
+                     "--bucket-mb", "1,25,100"],
+        "scale_e7": ["run", "--model", "resnet50", "--world-size", "16", *PAPER_CLUSTER, *emulated,
+                     "--process-groups", "3,5"],
+        # BERT-base where it fits: 8 ranks, one host (E4's 8-rank run is the 25 MB, 1-group point).
+        "scale_e3_one_host": ["run", "--model", "bert-base", "--world-size", "8", *emulated, "--bucket-mb", "1,100"],
+        "scale_e7_one_host": ["run", "--model", "bert-base", "--world-size", "8", *emulated, "--process-groups", "3,5"],
+        # The smallest faithful K at 16 ranks: undilated latency against K (the same run at K = 25, 50, 100).
+        "scale_fidelity": ["run", "--model", "resnet50", "--world-size", "16", *PAPER_CLUSTER, *emulated[:4],
+                           "--time-dilation", "25,50,100", "--iters", "4", "--warmup", "2", "--threads", "1"],
+    }
+
+
+def _common(plan: dict[str, list[str]]) -> list[str]:
+    """The arguments E2 shares with every loopback run (models, inputs, iterations, threads)."""
+    e2 = plan["e2_overlap"]
+    return e2[1:e2.index("--world-size")]
+
+
 PROFILE_FILE = "profile.json"  # beside the records: which profile measured each experiment (the report says)
 
 
@@ -143,19 +194,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated experiment names (default: all)")
     args = parser.parse_args(argv)
     plan = commands(args.profile, torch.cuda.device_count())
+    if not torch.cuda.device_count():
+        plan.update(scale_commands(args.profile, _common(plan), args.out_dir))
     chosen = args.only.split(",") if args.only else list(plan)
     unknown = set(chosen) - set(plan)
     if unknown:
         parser.error(f"--only: unknown experiment(s) {sorted(unknown)}; choose from {', '.join(plan)}")
     failed = 0
-    if any(name.startswith("link_") for name in chosen):
+    needs_network = [name for name in chosen if name.startswith(("link_", "scale_"))]
+    if needs_network:
         from .network import check
 
         problems = check()
         if problems:
-            print(f"== skipping the emulated cluster ({', '.join(n for n in chosen if n.startswith('link_'))}): "
+            print(f"== skipping the emulated cluster ({', '.join(needs_network)}): "
                   f"this machine cannot emulate one: {'; '.join(problems)} ==", flush=True)
-            chosen = [name for name in chosen if not name.startswith("link_")]
+            chosen = [name for name in chosen if name not in needs_network]
     for name in chosen:
         print(f"== {name} ({args.profile}) ==", flush=True)
         status = ddpbench([*plan[name], "--out", str(args.out_dir / f"{name}.jsonl"), "--resume"])

@@ -34,24 +34,42 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
     (the breakdown into phases is derived from the raw `phases_s` when records are loaded)."""
     per_rank_latency = [[it["latency"] for it in r["iterations"]] for r in per_rank]
     setting = slowest_rank_per_cycle(per_rank_latency, config.sync_every)
-    latency = [per_rank_latency[rank][i] for i, rank in enumerate(setting)]
+    raw = [per_rank_latency[rank][i] for i, rank in enumerate(setting)]
     digests = [r["digest"] for r in per_rank]
     wrong = [r["rank"] for r in per_rank if r["digest"] != digests[0]]
-    return {
+    # With a time dilation K everything ran K times slower: latencies, phases and bucket times are
+    # stored undilated (divided by K), the measured wall times as `raw_latency_s`.
+    k = config.time_dilation
+
+    def undilated(seconds):
+        return None if seconds is None else seconds / k
+
+    latency = [undilated(t) for t in raw]
+    record = {
         "kind": "run",
         "status": "ok",
         "config": dataclasses.asdict(config),
         "latency_s": latency,
-        "summary": summarize(latency, config.batch_size * config.world_size),
-        "phases_s": {p: [[it["phases"][p] for it in r["iterations"]] for r in per_rank] for p in PHASES},
-        "buckets": [r["timeline"]["buckets"] if r["timeline"] else None for r in per_rank],
+        # (emulated compute: the profile's batch is what an iteration stands for)
+        "summary": summarize(latency, (per_rank[0].get("compute") or {}).get("batch_size", config.batch_size)
+                             * config.world_size),
+        "phases_s": {p: [[undilated(it["phases"][p]) for it in r["iterations"]] for r in per_rank] for p in PHASES},
+        "buckets": [{b: [undilated(t) for t in times] for b, times in r["timeline"]["buckets"].items()}
+                    if r["timeline"] else None for r in per_rank],
         "correct": not wrong,
         "wrong_ranks": wrong,
         "model_size": per_rank[0].get("model_size"),  # parameters and gradient bytes (issue 15)
-        # Where a config's wall time goes besides measuring: model build, warm-up, and the rest (overhead).
+        # Where a config's wall time goes besides measuring: model build, warm-up, and the rest (overhead);
+        # and how many of the machine's cores were busy meanwhile (an emulation is faithful only with idle ones).
         "timing": {"setup_s": max(r["setup_s"] for r in per_rank), "warmup_s": max(r["warmup_s"] for r in per_rank),
-                   "measured_s": sum(latency), "config_wall_s": wall_s},
+                   "measured_s": sum(raw), "config_wall_s": wall_s, "cores_busy": per_rank[0].get("cores_busy"),
+                   "max_rss_mb": max(r.get("max_rss_mb", 0) for r in per_rank)},
     }
+    if k != 1:
+        record["raw_latency_s"] = raw
+    if per_rank[0].get("compute") is not None:
+        record["compute_source"] = per_rank[0]["compute"]  # which profile the stand-in replayed
+    return record
 
 
 # Fields a summary line leaves out unless they vary within the sweep: they rarely tell configs apart.
@@ -103,14 +121,16 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
     bar = tqdm(total=len(todo), unit="config", disable=not sys.stderr.isatty(), dynamic_ncols=True)
     say = echo if bar.disable else bar.write
     try:
-        for (backend, _device, world_size, threads, link, ranks_per_host), group in itertools.groupby(
-            todo, key=lambda job: (job.backend, job.device, job.world_size, job.threads, job.link, job.ranks_per_host)
+        for (backend, _device, world_size, threads, link, ranks_per_host, dilation), group in itertools.groupby(
+            todo, key=lambda job: (job.backend, job.device, job.world_size, job.threads, job.link, job.ranks_per_host,
+                                   getattr(job, "time_dilation", 1.0))
         ):
             pool = None
+            shaped = network.dilated(link, dilation)  # time runs K times slower: so do the links
             try:
                 for job in group:
-                    pool = pool or RankPool(world_size, backend=backend, threads=threads, timeout=timeout, link=link,
-                                            ranks_per_host=ranks_per_host)
+                    pool = pool or RankPool(world_size, backend=backend, threads=threads, timeout=timeout,
+                                            link=shaped, ranks_per_host=ranks_per_host)
                     started = time.perf_counter()
                     per_rank = None
                     try:
@@ -123,7 +143,8 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
                     record["env"] = {**env, "threads_per_rank": threads}
                     if link != "none":
                         record["env"]["network"] = network.describe(
-                            link, network.hosts_needed(world_size, ranks_per_host))
+                            shaped, network.hosts_needed(world_size, ranks_per_host))
+                        record["env"]["network"].update(emulated_link=link, time_dilation=dilation)
                     append_record(out, record)
                     if on_record is not None and per_rank is not None:
                         on_record(job, record, per_rank)

@@ -85,26 +85,33 @@ class Fit:
     worst_error: float
 
 
-def fit(records: list[dict], backend: str, device: str) -> Fit:
-    """Fit alpha and beta to all-reduce records (both modes) of one backend and device.
+def fit(records: list[dict], backend: str, device: str, world_size: int | None = None) -> Fit:
+    """Fit alpha and beta to all-reduce records (both modes) of one backend, device and world size.
+
+    Ranks on one machine share its cores, so that a ring of more ranks is slower per byte than the
+    formula says: each world size gets a fit of its own, by default the smallest one recorded (>= 2).
 
     Each record is a number of calls of equal size, launched back to back and waited for together:
     its time is modelled as `calls · 2(p-1)·alpha + calls · 2((p-1)/p)·bytes_per_call·beta`. The
     least-squares fit weighs every record by 1/time, i.e. minimises relative errors, so that the
     small messages (latency-bound) count as much as the large ones; alpha and beta are kept >= 0.
     """
+    mine = [r for r in records if r.get("kind") == "allreduce" and r["status"] == "ok"
+            and r["config"]["backend"] == backend and r["config"]["device"] == device and r["config"]["world_size"] >= 2
+            and r["config"].get("link", "none") == "none"]  # (records over emulated links measure the link)
+    if world_size is None and mine:
+        world_size = min(r["config"]["world_size"] for r in mine)
     rows = []
-    for r in records:
+    for r in mine:
         c = r["config"]
-        if (r.get("kind") != "allreduce" or r["status"] != "ok" or c["backend"] != backend or c["device"] != device
-                or c["world_size"] < 2 or c.get("link", "none") != "none"):
-            continue  # (records over emulated links measure the link, not this machine)
+        if c["world_size"] != world_size:
+            continue
         p, calls = c["world_size"], math.ceil(c["total_elements"] / c["elements"])
         rows.append({"bytes_per_call": c["elements"] * 4, "calls": calls, "ranks": p, "mode": c["mode"],
                      "measured_s": float(np.median(r["latency_s"]))})
     if len(rows) < 2:
         raise ValueError(f"need at least 2 all-reduce records for backend={backend!r} device={device!r} at world "
-                         f"size >= 2, found {len(rows)}; run `ddpbench allreduce` first")
+                         f"size {world_size or '>= 2'}, found {len(rows)}; run `ddpbench allreduce` first")
     design = np.array([[row["calls"] * 2 * (row["ranks"] - 1),
                         row["calls"] * 2 * (row["ranks"] - 1) / row["ranks"] * row["bytes_per_call"]] for row in rows])
     measured = np.array([row["measured_s"] for row in rows])
@@ -137,6 +144,23 @@ def emulated(machine: CommModel, link: str, rate_bps: float, ranks_per_host: int
                      source=f"{link} as configured (bus bandwidth {rate_bps / 8 / GB:.3f} GB/s), {ranks_per_host} rank(s) "
                             f"per host; per-step latency and the cores' share from this machine's fit "
                             f"(alpha {machine.intra.alpha * 1e6:.0f} us, {machine.intra.busbw / GB:.2f} GB/s)")
+
+
+def scale_model(loopback: CommModel, link: str, rate_bps: float | None, ranks_per_host: int,
+                dilation: float) -> CommModel:
+    """The network of a scale-model run (`ddpbench run --compute emulated`), undilated.
+
+    Emulated compute only waits, so the cores are free for communication, which overlaps it as on
+    GPUs. Ranks of one host talk over this machine's loopback, fitted at the run's world size (all its
+    ranks share these cores), and time dilation K makes it K times faster than measured; hosts are
+    joined by links at the configured rate (the emulation shapes them at rate / K).
+    """
+    intra = Link(alpha=loopback.intra.alpha / dilation, busbw=loopback.intra.busbw * dilation)
+    inter = None if link == "none" else Link(alpha=intra.alpha, busbw=rate_bps / 8)
+    where = "one host" if inter is None else f"hosts of {ranks_per_host} rank(s) behind {link} links"
+    return CommModel(name=f"scale model: {where}, time dilation {dilation:g}", intra=intra, inter=inter,
+                     per_server=ranks_per_host if inter is not None else 0,
+                     source=f"{where}; inside a host this machine's loopback ({loopback.source}) x {dilation:g}")
 
 
 GB = 1e9

@@ -6,6 +6,7 @@
     ddpbench predict --profile P.jsonl --model resnet50 --allreduce results/runs/<machine> --world-size 2
     ddpbench tune-bucket --profile P.jsonl --model bert-base --cluster paper-v100-nccl --world-size 32
     ddpbench tune-bucket --profile P.jsonl --model resnet50 --allreduce results/runs/<machine> --link 2.5gbit
+    ddpbench scale-profile --profile P.jsonl --model resnet50,bert-base --gpu v100 --out V100.jsonl
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -21,7 +23,8 @@ from ..config import (ConfigError, RunConfig, default_backend_and_device, expand
 from ..network import parse_rate
 from ..records import read_records
 from ..stats import cycle_means
-from .comm import PRESETS, CommModel, emulated, fit
+from .comm import PRESETS, CommModel, Link, emulated, fit, scale_model
+from .gpus import PEAK_FP32_FLOPS, TRAINING_FLOPS, scale_profile_record
 from .profile import PROFILE_KEYS, Profile, config_value, find_profile, profile_config
 from .simulate import Schedule, simulate
 
@@ -260,6 +263,55 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ddpbench scale-profile`: a profile of this machine scaled to a GPU's estimated compute time."""
+    parser.add_argument("--profile", type=Path, required=True, help="profile records (file or folder)")
+    parser.add_argument("--model", required=True, help=f"comma-separated, of {', '.join(TRAINING_FLOPS)}")
+    parser.add_argument("--gpu", required=True, help=f"one of {', '.join(PEAK_FP32_FLOPS)}")
+    parser.add_argument("--colocated", type=int, default=1, help="scale the profile measured as this many copies")
+    parser.add_argument("--out", type=Path, required=True, help="record file the scaled profiles are appended to")
+    parser.add_argument("--resume", action="store_true", help="skip models already scaled to --gpu in --out")
+
+
+def scale_main(args: argparse.Namespace) -> int:
+    """Append each model's newest profile, scaled to --gpu, to --out; 2 on bad input."""
+    import sys
+
+    from ..records import append_record
+
+    try:
+        if args.gpu not in PEAK_FP32_FLOPS:
+            raise ConfigError(f"--gpu={args.gpu!r} is not allowed; choose one of {', '.join(PEAK_FP32_FLOPS)}")
+        records = read_records(args.profile)
+        done = {(r["config"]["model"], r["scaled_to"]["gpu"]) for r in read_records(args.out) if "scaled_to" in r} \
+            if args.resume and args.out.exists() else set()
+        scaled = []
+        for model in parse_list("model", args.model):
+            if model not in TRAINING_FLOPS:
+                raise ConfigError(f"--model={model!r} has no FLOPs estimate; choose from {', '.join(TRAINING_FLOPS)}")
+            if (model, args.gpu) in done:
+                continue
+            mine = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok" and "scaled_to" not in r
+                    and r["config"]["model"] == model and r["config"]["world_size"] == args.colocated]
+            if not mine:
+                raise ConfigError(f"--profile={str(args.profile)!r} holds no measured profile of --model={model!r} "
+                                  f"as --colocated={args.colocated} copies (make one with `ddpbench profile`)")
+            scaled.append(scale_profile_record(mine[-1], args.gpu))
+    except FileNotFoundError as error:
+        print(f"ddpbench scale-profile: error: --profile: {error}", file=sys.stderr)
+        return 2
+    except ValueError as error:  # ConfigError, or an unknown gpu / model without an estimate
+        print(f"ddpbench scale-profile: error: {error}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for record in scaled:
+        append_record(args.out, record)
+        s = record["scaled_to"]
+        print(f"{record['config']['model']}: {s['compute_s'] * 1e3:.1f} ms of compute per iteration on {s['device']} "
+              f"(x{s['factor']:.3g} the measured profile; {s['basis']}) -> {args.out}")
+    return 0
+
+
 def measured_latency(record: dict) -> float:
     """A run record's latency as the model predicts it: the median, or for reduce-every-n the median
     of the mean over each cycle of n iterations."""
@@ -274,25 +326,63 @@ def validate(runs: Path, backend: str = "gloo", device: str = "cpu", allreduce: 
     """
     records = read_records(runs)
     machine = fit(read_records(allreduce) if allreduce is not None else records, backend, device).model
+    loopback: dict[int, CommModel] = {}  # per world size, for the scale model's hosts
     rows = []
     for record in records:
         c = record["config"]
         if (record.get("kind") != "run" or record["status"] != "ok" or c["impl"] == "torch"
                 or c["comm_hook"] != "none" or c["backend"] != backend or c["device"] != device):
             continue
-        profile = find_profile(records, c)
+        link, ranks_per_host = c.get("link", "none"), c.get("ranks_per_host", 1)
+        rate = None if link == "none" else parse_rate(link)
+        if c.get("compute", "real") == "emulated":  # the stand-in replays its profile; the cores only communicate
+            profile = _compute_profile(c, Path(runs))
+            if profile is None or c["world_size"] not in loopback and not _fit_into(loopback, records, c, backend, device):
+                continue
+            comm = scale_model(loopback[c["world_size"]], link, rate, ranks_per_host, c["time_dilation"])
+        else:
+            profile = find_profile(records, c)
+            # Over an emulated link: the link's configured rate, never a fit to these runs.
+            comm = machine if link == "none" else emulated(machine, link, rate, ranks_per_host)
         if profile is None:
             continue
         plan = Schedule(world_size=c["world_size"], bucket_mb=c["bucket_mb"], overlap=c["impl"] == "ddp_core",
                         sync_every=c["sync_every"], process_groups=c["process_groups"])
-        link, ranks_per_host = c.get("link", "none"), c.get("ranks_per_host", 1)
-        # Over an emulated link: the link's configured rate, never a fit to these runs.
-        comm = machine if link == "none" else emulated(machine, link, parse_rate(link), ranks_per_host)
         predicted = simulate(profile, comm, plan).latency
         measured = measured_latency(record)
         rows.append({**{k: config_value(c, k) for k in ("model", "world_size", "bucket_mb", "impl", "sync_every",
                                                          "process_groups", *PROFILE_KEYS)}, "link": link,
-                     "ranks_per_host": ranks_per_host,
+                     "ranks_per_host": ranks_per_host, "compute": c.get("compute", "real"),
+                     "time_dilation": c.get("time_dilation", 1.0),
                      "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})
     return rows
+
+
+def _compute_profile(config: dict, runs: Path) -> Profile | None:
+    """The profile an emulated-compute run replayed: its --compute-profile, or a file of that name
+    under `runs` (records moved with their profiles); None where neither exists."""
+    from ..workloads.emulated import ComputeProfileError, load_compute_profile
+
+    path = Path(config["compute_profile"])
+    folder = runs if runs.is_dir() else runs.parent
+    for candidate in (path, folder / path.name):
+        if candidate.exists():
+            try:
+                return load_compute_profile(candidate, config["model"], config["world_size"]).profile
+            except ComputeProfileError:
+                return None
+    return None
+
+
+def _fit_into(loopback: dict, records: list[dict], config: dict, backend: str, device: str) -> bool:
+    """Fit this machine's loopback all-reduce at the config's world size into `loopback`; False where
+    too few records of that world size exist (`scale_loopback` of the main job measures them)."""
+    if config["world_size"] == 1:  # one rank communicates with nobody
+        loopback[1] = CommModel(name="one rank", intra=Link(alpha=0.0, busbw=math.inf))
+        return True
+    try:
+        loopback[config["world_size"]] = fit(records, backend, device, config["world_size"]).model
+    except ValueError:
+        return False
+    return True
 

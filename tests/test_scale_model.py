@@ -1,0 +1,182 @@
+"""The scale model: emulated compute has the model's parameters and replays a profile's gradient
+order and times under ddp_core and PyTorch's DDP; time dilation scales what it says; a 4-rank sweep
+with emulated compute runs over 2 emulated hosts; bad input is refused before any rank starts."""
+import json
+import statistics
+import time
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+import ddp_core
+from experiments import network
+from experiments.cli import main
+from experiments.launch import run_ranks
+from experiments.perfmodel.comm import CommModel, Link, scale_model
+from experiments.perfmodel.gpus import estimated_seconds, scale_profile_record
+from experiments.perfmodel.profile import Profile
+from experiments.records import append_record, read_records
+from experiments.workloads import workload
+from experiments.workloads.emulated import (ComputeProfileError, StandIn, StandInOptimizer,
+                                            model_layout)
+
+FORWARD, STEP, GAP = 0.010, 0.005, 0.004  # seconds: the synthetic profile's forward, step, and gap between gradients
+
+
+def synthetic_profile(model: str = "resnet-tiny", copies: int = 1, seed: int = 0) -> dict:
+    """A profile record of `model` whose gradients arrive GAP apart in a shuffled order (not the
+    reverse of registration, so that following the profile is what puts them in that order)."""
+    layout = model_layout(workload(model).MODELS[model])
+    params = list(layout.parameters())
+    order = torch.randperm(len(params), generator=torch.Generator().manual_seed(seed)).tolist()
+    ready = [0.0] * len(params)
+    for position, index in enumerate(order):
+        ready[index] = (position + 1) * GAP
+    backward = (len(params) + 1) * GAP
+    row = {"forward": FORWARD, "backward": backward, "tail": 0.001, "optimizer": STEP, "ready": ready}
+    config = {"model": model, "backend": "gloo", "device": "cpu", "world_size": copies, "bucket_mb": 25.0,
+              "sync_every": 1, "impl": "ddp_core_no_overlap", "process_groups": 1, "comm_hook": "none",
+              "batch_size": 2, "image_size": 16, "seq_len": 8, "iters": 3, "warmup": 1, "seed": 0, "threads": 1}
+    return {"kind": "profile", "status": "ok", "config": config,
+            "summary": {"forward": FORWARD, "backward": backward, "tail": 0.001, "optimizer": STEP,
+                        "p50": FORWARD + backward + 0.001 + STEP, "copies_p50": [FORWARD + backward + 0.001 + STEP]},
+            "synced": [row] * 3, "skipped": [{"forward": FORWARD, "backward": backward / 2}] * 3,
+            "names": [n for n, _ in layout.named_parameters()],
+            "bytes": [p.numel() * p.element_size() for p in params], "dtypes": [str(p.dtype) for p in params],
+            "buffer_bytes": 0, "slowest_copy": 0, "other_copies": []}
+
+
+@pytest.mark.parametrize("model", ["resnet-tiny", "bert-tiny"])
+def test_the_stand_in_has_exactly_the_models_parameters_and_buffers(model):
+    real = workload(model).MODELS[model]()  # bert-tiny ties its decoder to the embeddings: one parameter
+    stand_in = StandIn(model_layout(workload(model).MODELS[model]),
+                       Profile.from_record(synthetic_profile(model)), 1.0, torch.device("cpu"))
+    described = [(n, p.shape, p.dtype, p.requires_grad) for n, p in real.named_parameters()]
+    assert [(n, p.shape, p.dtype, p.requires_grad) for n, p in stand_in.named_parameters()] == described
+    assert [(n, b.shape, b.dtype) for n, b in stand_in.named_buffers()] == \
+        [(n, b.shape, b.dtype) for n, b in real.named_buffers()]
+
+
+def _arrivals(rank: int, world_size: int, record: dict, impl: str, dilation: float) -> dict:
+    """On each rank: a stand-in wrapped in `impl`; when each gradient reached its parameter, in seconds
+    after backward started, over two iterations (the first allocates the gradients, the second reuses them)."""
+    profile = Profile.from_record(record)
+    stand_in = StandIn(model_layout(workload(record["config"]["model"]).MODELS[record["config"]["model"]]),
+                       profile, dilation, torch.device("cpu"))
+    ddp = (TorchDDP(stand_in) if impl == "torch" else ddp_core.DistributedDataParallel(stand_in))
+    stand_in.wrapper = ddp
+    optimizer = StandInOptimizer(profile, dilation)
+    seen: list = []
+    for index, p in enumerate(stand_in.parameters()):
+        p.register_post_accumulate_grad_hook(lambda _, index=index: seen.append((index, time.perf_counter())))
+    result = {}
+    for _ in range(2):
+        seen.clear()
+        started = time.perf_counter()
+        loss = ddp()
+        forward_s = time.perf_counter() - started
+        backward_start = time.perf_counter()
+        loss.backward()
+        backward_s = time.perf_counter() - backward_start
+        step_start = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad()
+        result = {"order": [i for i, _ in seen], "times": [t - backward_start for _, t in seen],
+                  "forward_s": forward_s, "backward_s": backward_s, "step_s": time.perf_counter() - step_start,
+                  "grads_kept": all(p.grad is not None for p in stand_in.parameters())}
+    return result
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("impl", ["ddp_core", "torch"])
+def test_gradients_arrive_in_the_profiled_order_at_the_profiled_times(impl):
+    record = synthetic_profile()
+    profile = Profile.from_record(record)
+    expected_order = sorted(range(len(profile.ready)), key=profile.ready.__getitem__)
+    for dilation in (1.0, 2.0):
+        for result in run_ranks(_arrivals, 2, (record, impl, dilation)):
+            assert result["order"] == expected_order
+            late = [t - profile.ready[i] * dilation for i, t in zip(result["order"], result["times"])]
+            assert min(late) > -0.001, "a gradient arrived before its profiled time"
+            assert statistics.median(late) < 0.010  # a sleep wakes late by well under a millisecond, unloaded
+            assert result["forward_s"] == pytest.approx(FORWARD * dilation, abs=0.008)
+            assert result["backward_s"] >= profile.backward * dilation
+            assert result["step_s"] == pytest.approx(STEP * dilation, abs=0.008)
+            assert result["grads_kept"]
+
+
+def test_a_profile_scaled_to_a_gpu_says_so_and_keeps_the_proportions():
+    record = synthetic_profile("resnet50")
+    scaled = scale_profile_record(record, "v100")
+    measured, gpu = Profile.from_record(record), Profile.from_record(scaled)
+    assert gpu.forward + gpu.backward + gpu.optimizer == pytest.approx(estimated_seconds("resnet50", "v100"))
+    assert gpu.ready[0] / gpu.backward == pytest.approx(measured.ready[0] / measured.backward)
+    assert gpu.tail == pytest.approx(2 * sum(record["bytes"]) / 900e9)  # a copy at memory bandwidth
+    assert scaled["scaled_to"]["gpu"] == "v100" and "FLOPs" in scaled["scaled_to"]["basis"]
+
+
+def test_the_scale_models_network_undilates_this_machines_loopback():
+    loopback = CommModel(name="fit", intra=Link(alpha=100e-6, busbw=0.5e9), shares_cores=True)
+    comm = scale_model(loopback, "100gbit", 100e9, ranks_per_host=8, dilation=50)
+    assert comm.link(8).busbw == pytest.approx(25e9) and comm.link(8).alpha == pytest.approx(2e-6)
+    assert comm.link(16).busbw == pytest.approx(12.5e9)  # the slower level: the link between hosts
+    assert not comm.on_compute_cores(16)  # emulated compute only waits: communication overlaps it
+    assert network.dilated("100gbit", 50) == "2000000kbit" and network.dilated("1gbit", 1) == "1gbit"
+
+
+def test_bad_compute_options_exit_2_before_any_rank_starts(tmp_path, capsys):
+    profile = tmp_path / "p.jsonl"
+    append_record(profile, synthetic_profile("resnet-tiny"))
+    base = ["run", "--model", "bert-tiny", "--world-size", "2", "--out", str(tmp_path / "r.jsonl")]
+    cases = {
+        ("--compute", "emulated"): "needs --compute-profile",
+        ("--compute", "emulated", "--compute-profile", str(profile)): "holds no profile of --model='bert-tiny'",
+        ("--compute", "emulated", "--compute-profile", str(tmp_path / "missing.jsonl")): "no record file",
+        ("--time-dilation", "4"): "needs --compute emulated",
+        ("--compute", "emulated", "--compute-profile", str(profile), "--time-dilation", "0.5"): "must be >= 1",
+        ("--compute", "simulated"): "--compute='simulated' is not allowed",
+    }
+    for extra, message in cases.items():
+        assert main([*base, *extra]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.jsonl").exists()
+    with pytest.raises(ComputeProfileError, match="another configuration"):
+        StandIn(model_layout(workload("bert-tiny").MODELS["bert-tiny"]),
+                Profile.from_record(synthetic_profile("resnet-tiny")), 1.0, torch.device("cpu"))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(bool(network.check()), reason="this machine cannot emulate a cluster")
+def test_a_4_rank_emulated_sweep_over_2_hosts_records_undilated_times(tmp_path, monkeypatch):
+    profile = tmp_path / "profile.jsonl"
+    append_record(profile, synthetic_profile("resnet-tiny", copies=1))
+    out = tmp_path / "results" / "runs" / "m" / "scale_e4_two_hosts.jsonl"
+    out.parent.mkdir(parents=True)
+    started = time.perf_counter()
+    assert main(["run", "--model", "resnet-tiny", "--world-size", "4", "--ranks-per-host", "2", "--link", "1gbit",
+                 "--compute", "emulated", "--compute-profile", str(profile), "--time-dilation", "1,3",
+                 "--impl", "ddp_core,torch", "--iters", "3", "--warmup", "1", "--threads", "1",
+                 "--out", str(out)]) == 0
+    assert time.perf_counter() - started < 120
+    records = read_records(out)
+    assert len(records) == 4 and all(r["status"] == "ok" and r["correct"] for r in records)
+    compute = Profile.from_record(synthetic_profile("resnet-tiny"))
+    for r in records:
+        k = r["config"]["time_dilation"]
+        assert r["compute_source"]["file"] == str(profile)
+        assert min(r["latency_s"]) >= compute.forward + compute.backward + compute.optimizer  # never faster
+        assert r["env"]["network"]["emulated_link"] == "1gbit"
+        if k == 3:
+            assert r["raw_latency_s"] == pytest.approx([t * 3 for t in r["latency_s"]])
+            assert r["env"]["network"]["qdisc"].startswith("tbf rate 333333.333kbit")
+        assert r["timing"]["cores_busy"] is not None
+    # The analysis reads them: one table row per run, undilated.
+    monkeypatch.setenv("DDPBENCH_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("DDPBENCH_MACHINE", "m")
+    from analysis import scale_model
+
+    scale_model.main()
+    table = (tmp_path / "results" / "tables" / "scale_model.csv").read_text().splitlines()
+    assert len(table) == 1 + 4 and (tmp_path / "results" / "figures" / "scale_model.png").exists()
+    assert json.loads(json.dumps(records[0]["compute_source"]))["copies"] == 1
