@@ -1,4 +1,4 @@
-"""`ddpbench` (also `python -m experiments`): run, allreduce, train, compare, ab, profile, predict, tune-bucket.
+"""`ddpbench` (also `python -m experiments`): run, allreduce, train, compare, ab, profile, predict, tune-bucket, advise.
 
 Every input is checked before any process starts; a bad one exits with status 2, names the
 parameter, the value and what is allowed, and writes nothing.
@@ -18,13 +18,14 @@ from ddp_core.hooks import HOOKS
 from .config import (BACKENDS, COMPUTE, DEVICES, IMPLS, LIST_PARAMS, ConfigError, RunConfig, check_network_available,
                      default_backend_and_device, expand_grid, parse_list)
 from .workloads import WORKLOADS
+from .workloads.spec import MODEL_HELP
 
 EXIT_BAD_INPUT = 2
 
 
 # The allowed values of the `run` lists that take names, shown in --help.
-ALLOWED = {"model": sorted(WORKLOADS), "impl": list(IMPLS), "comm_hook": ["none", *HOOKS], "backend": list(BACKENDS),
-           "device": list(DEVICES), "compute": list(COMPUTE)}
+ALLOWED = {"model": [*sorted(WORKLOADS), MODEL_HELP], "amp": ["none", "bf16", "fp16 (CUDA)"], "impl": list(IMPLS),
+           "comm_hook": ["none", *HOOKS], "backend": list(BACKENDS), "device": list(DEVICES), "compute": list(COMPUTE)}
 DEFAULT_BY_HARDWARE = {"backend": "nccl with GPUs, else gloo", "device": "cuda with GPUs, else cpu",
                        "threads": "the cores shared among the ranks"}
 
@@ -35,6 +36,9 @@ def _add_list_params(parser: argparse.ArgumentParser, names: list[str]) -> None:
         allowed = f" of {', '.join(ALLOWED[name])}" if name in ALLOWED else ""
         if name == "link":
             allowed = " of none (loopback) or link rates such as 1gbit (emulated hosts; needs root)"
+        if name == "model_config":
+            allowed = (" key=value pairs for --model (configuration fields of transformers:, builder keywords of "
+                       "torchvision: and of a user file's build_model); several configurations separated by ';'")
         default = DEFAULT_BY_HARDWARE.get(name, repr(getattr(defaults, name)))
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="LIST",
                             help=f"comma-separated{allowed}; default {default}")
@@ -62,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     perfmodel.add_model_arguments(sub.add_parser("predict", help="predict DDP latency from a profile (model)"), False)
     perfmodel.add_model_arguments(sub.add_parser("tune-bucket", help="recommend a bucket cap (model)"), True)
     perfmodel.add_scale_arguments(sub.add_parser("scale-profile", help="a profile scaled to a GPU's estimated time"))
+    from .perfmodel import advise
+
+    advise.add_arguments(sub.add_parser("advise", help="how DDP will behave for your model: profile, predict, advise"))
     compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
     ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
     from . import history
@@ -163,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("predict", "tune-bucket"):
         return perfmodel.main(args)
+    if args.command == "advise":
+        from .perfmodel import advise
+
+        return advise.main(args)
     if args.command == "scale-profile":
         return perfmodel.scale_main(args)
     if args.command == "history":

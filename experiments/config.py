@@ -5,6 +5,8 @@ what is allowed.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import os
 from dataclasses import dataclass, fields, replace
@@ -12,12 +14,13 @@ from dataclasses import dataclass, fields, replace
 from ddp_core.hooks import HOOKS
 
 from . import network
-from .workloads import WORKLOADS
+from .workloads import spec as model_spec
 
 IMPLS = ("ddp_core", "ddp_core_no_overlap", "torch")
 COMPUTE = ("real", "emulated")
 BACKENDS = ("nccl", "gloo", "mpi")
 DEVICES = ("cpu", "cuda")
+AMPS = ("none", "bf16", "fp16")
 
 
 class ConfigError(ValueError):
@@ -46,13 +49,17 @@ class RunConfig:
     threads: int = 1
     link: str = "none"  # `none`: loopback; a rate (`1gbit`): each rank group on an emulated host behind a link
     ranks_per_host: int = 1
+    # --- the user's own model (issue 15) ---
+    model_config: str = ""  # key=value,... for torchvision:/transformers:/user models (see workloads/spec.py)
+    amp: str = "none"  # autocast in forward: none, bf16, fp16 (with a gradient scaler; CUDA only)
+    model_hash: str = ""  # sha256 (16 hex digits) of a user's workload file: set from the file, never given
     compute: str = "real"  # `emulated`: a stand-in waits for the times of --compute-profile (workloads/emulated.py)
     compute_profile: str = ""  # a `ddpbench profile` record file; used by emulated configs only
     time_dilation: float = 1.0  # K: links at rate / K and emulated compute K times longer; records undilate
 
 
-# Parameters the CLI accepts as comma-separated lists, with their element types.
-LIST_PARAMS = {f.name: f.type for f in fields(RunConfig)}
+# Parameters the CLI accepts as comma-separated lists, with their element types (model_hash: derived).
+LIST_PARAMS = {f.name: f.type for f in fields(RunConfig) if f.name != "model_hash"}
 _TYPES = {"str": str, "int": int, "float": float}
 
 
@@ -60,12 +67,15 @@ def parse_list(name: str, text: str) -> list:
     """Parse `--name a,b,c` into typed values, naming the parameter if one does not parse."""
     kind = _TYPES[LIST_PARAMS[name]]
     values = []
-    for item in text.split(","):
+    # A model configuration holds commas itself (key=value,key=value): several are separated by ';'.
+    for item in text.split(";" if name == "model_config" else ","):
         item = item.strip().lower() if name == "link" else item.strip()  # tc's units: 1gbit, 1Gbit, 1GBIT
         try:
             values.append(kind(item))
         except ValueError:
             raise ConfigError(f"--{_flag(name)}: {item!r} is not a valid {kind.__name__}") from None
+    if name == "model_config":
+        return values  # "" is allowed: the defaults
     if not values or any(v == "" for v in values):
         raise ConfigError(f"--{_flag(name)}: {text!r} holds an empty value")
     return values
@@ -82,6 +92,8 @@ def expand_grid(lists: dict[str, list]) -> list[RunConfig]:
     configs = [replace(c, compute_profile="") if c.compute == "real" else c for c in configs]
     for config in configs:
         validate(config)
+    # A user's file is identified by its content as well as its name (records, --resume, compare).
+    configs = [dataclasses.replace(c, model_hash=model_info(c)["source_hash"]) for c in configs]
     # Group configs of one world size (and backend/device/network) together: they share one set of processes.
     configs.sort(key=lambda c: (c.backend, c.device, c.world_size, c.link, c.ranks_per_host, c.time_dilation))
     return list(dict.fromkeys(configs))  # drop duplicates, keep order
@@ -89,7 +101,10 @@ def expand_grid(lists: dict[str, list]) -> list[RunConfig]:
 
 def validate(config: RunConfig, gpu_count: int | None = None) -> None:
     """Raise ConfigError for the first invalid value of `config`."""
-    _one_of("model", config.model, sorted(WORKLOADS))
+    _one_of("amp", config.amp, AMPS)
+    if config.amp == "fp16" and config.device != "cuda":
+        raise ConfigError("--amp fp16 needs --device cuda: float16 training needs a gradient scaler, which "
+                          "ddpbench uses on GPUs only, and CPUs compute float16 slowly; use --amp bf16 on the CPU")
     _one_of("impl", config.impl, IMPLS)
     _one_of("comm-hook", config.comm_hook, ["none", *HOOKS])
     for name, minimum in (("world_size", 1), ("sync_every", 1), ("process_groups", 1), ("batch_size", 1),
@@ -104,9 +119,44 @@ def validate(config: RunConfig, gpu_count: int | None = None) -> None:
         raise ConfigError(f"--bucket-mb={config.bucket_mb} is not allowed; it must be >= 0 (0 = one parameter per bucket)")
     validate_network(config.link, config.ranks_per_host, config.world_size)
     validate_compute(config)
+    check_memory(config, model_info(config)["parameters"])  # (after the sizes: the check runs the model on them)
     if config.impl == "torch" and (config.process_groups > 1):
         raise ConfigError("--process-groups > 1 needs --impl ddp_core or ddp_core_no_overlap (PyTorch's DDP takes one group)")
     validate_backend(config.backend, config.device, config.world_size, gpu_count)
+
+
+@functools.lru_cache(maxsize=64)
+def _model_info(model: str, model_config: str, image_size: int, seq_len: int) -> dict:
+    try:
+        return model_spec.check(model, model_config, image_size, seq_len)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def model_info(config: RunConfig) -> dict:
+    """What `check` knows of `config`'s model (parameters, file hash); ConfigError naming a bad spec."""
+    if model_spec.kind(config.model) == "user":  # cheap, and its file may have changed: never cached
+        return _model_info.__wrapped__(config.model, config.model_config, config.image_size, config.seq_len)
+    return _model_info(config.model, config.model_config, config.image_size, config.seq_len)
+
+
+BYTES_PER_PARAMETER = 16  # float32 weights, gradients, their bucket copies and SGD's momentum
+
+
+def check_memory(config: RunConfig, parameters: int | None) -> None:
+    """Refuse a CPU config whose ranks on this host could not even hold their weights, gradients, buckets
+    and momentum in this machine's memory (activations come on top): it would swap or be killed."""
+    if parameters is None or config.device != "cpu":
+        return
+    # Emulated hosts share this machine's memory; under torchrun only the local ranks do.
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or config.world_size
+    need = parameters * BYTES_PER_PARAMETER * ranks_here
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ConfigError(f"--model={config.model!r} has {parameters / 1e6:,.0f} M parameters: {ranks_here} rank(s) "
+                          f"need at least {need / 2**30:.0f} GiB for weights, gradients, buckets and momentum, and "
+                          f"this machine has {have / 2**30:.0f} GiB; shrink it with --model-config (e.g. fewer "
+                          "layers) or lower --world-size")
 
 
 def validate_network(link: str, ranks_per_host: int, world_size: int | None = None) -> None:

@@ -22,8 +22,11 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 import ddp_core
 from ddp_core.hooks import HOOKS
 
+from .amp import FULL, Precision
 from .config import RunConfig
-from .workloads import emulated, workload
+from .workloads import emulated
+from .workloads.spec import Workload, model_size
+from .workloads.spec import load as load_workload
 
 PHASES = ("forward", "backward", "exposed_comm", "optimizer")
 
@@ -115,15 +118,17 @@ def parameter_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def train_step(ddp, family, batch: dict, optimizer, sync: bool, mark=lambda phase: None) -> None:
+def train_step(ddp, family, batch: dict, optimizer, sync: bool, mark=lambda phase: None,
+               precision: Precision = FULL) -> None:
     """One iteration: forward, backward (with the all-reduces), optimizer; `mark(phase)` at each phase end."""
     with contextlib.nullcontext() if sync else ddp.no_sync():
-        loss = family.loss(ddp, batch)
+        with precision.autocast():  # --amp: forward in bf16/fp16 where autocast allows
+            loss = family.loss(ddp, batch)
         mark("forward")
-        loss.backward()  # with ddp_core: compute, then the wait for all-reduce at its end
+        precision.backward(loss)  # with ddp_core: compute, then the wait for all-reduce at its end
         mark("backward")
     if sync:
-        optimizer.step()
+        precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
     mark("optimizer")
 
@@ -133,11 +138,12 @@ class Trainee:
     """What one rank trains for a config: the model, its DDP wrapper, optimizer and a fixed batch."""
 
     device: torch.device
-    family: ModuleType
+    family: Workload | ModuleType  # (emulated compute: the stand-in module)
     model: torch.nn.Module
     ddp: torch.nn.Module
     optimizer: torch.optim.Optimizer
     batch: dict
+    precision: Precision = FULL
     compute: dict | None = None  # emulated compute: which profile the stand-in replays
 
 
@@ -146,8 +152,9 @@ def build(rank: int, config: RunConfig, group=None) -> Trainee:
     batch (the same batch every iteration, so that making data never counts as training time)."""
     device = rank_device(rank, config.device)
     torch.manual_seed(config.seed)
-    family = workload(config.model)
-    builder = family.MODELS[config.model]
+    family = load_workload(config.model, config.model_config, config.image_size, config.seq_len,
+                           config.model_hash)
+    builder = family.build
     if config.compute == "emulated":  # a stand-in with the model's parameters that waits for the profiled times
         compute = emulated.load_compute_profile(config.compute_profile, config.model, config.world_size)
         family, model = emulated, emulated.build_stand_in(builder, compute, config.time_dilation, device)
@@ -160,8 +167,8 @@ def build(rank: int, config: RunConfig, group=None) -> Trainee:
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     batch = {k: v.to(device) for k, v in
              family.make_batch(model, config.batch_size, config.image_size, config.seq_len, generator).items()}
-    return Trainee(device, family, model, ddp, optimizer, batch,
-                   compute.source if config.compute == "emulated" else None)
+    return Trainee(device, family, model, ddp, optimizer, batch, precision=Precision(config.amp, device),
+                   compute=compute.source if config.compute == "emulated" else None)
 
 
 def machine_cpu_seconds() -> float | None:
@@ -205,7 +212,7 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
             cpu_start = machine_cpu_seconds()
         wall_start = time.perf_counter()
         clock.start()
-        train_step(ddp, t.family, t.batch, t.optimizer, sync, clock.mark)
+        train_step(ddp, t.family, t.batch, t.optimizer, sync, clock.mark, t.precision)
         marks = clock.seconds()
         if measured < 0:
             warmup_s += marks["optimizer"]
@@ -231,4 +238,4 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
             "compute": t.compute,
             # peak resident memory of this rank's process so far (a pool's ranks run config after config)
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "digest": parameter_digest(t.model), "timeline": timeline}
+            "digest": parameter_digest(t.model), "timeline": timeline, "model_size": model_size(t.model)}

@@ -58,6 +58,7 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
                     if r["timeline"] else None for r in per_rank],
         "correct": not wrong,
         "wrong_ranks": wrong,
+        "model_size": per_rank[0].get("model_size"),  # parameters and gradient bytes (issue 15)
         # Where a config's wall time goes besides measuring: model build, warm-up, and the rest (overhead);
         # and how many of the machine's cores were busy meanwhile (an emulation is faithful only with idle ones).
         "timing": {"setup_s": max(r["setup_s"] for r in per_rank), "warmup_s": max(r["warmup_s"] for r in per_rank),
@@ -268,7 +269,8 @@ def write_trace(trace_dir: Path, config: RunConfig, per_rank: list[dict]) -> Pat
     trace_dir.mkdir(parents=True, exist_ok=True)
     c = config
     digest = hashlib.sha1(config_key(dataclasses.asdict(c)).encode()).hexdigest()[:8]  # tells apart the rest
-    name = (f"{c.model}_{c.impl}_{c.backend}-{c.device}_ws{c.world_size}_bucket{c.bucket_mb:g}_sync{c.sync_every}"
+    model = c.model.replace("/", "_").replace(":", "-")  # a file path or torchvision:NAME, as one file name
+    name = (f"{model}_{c.impl}_{c.backend}-{c.device}_ws{c.world_size}_bucket{c.bucket_mb:g}_sync{c.sync_every}"
             f"_pg{c.process_groups}_{c.comm_hook}_{digest}")
     path = trace_dir / f"{name}.json"
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))

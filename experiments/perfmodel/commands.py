@@ -25,17 +25,20 @@ from ..records import read_records
 from ..stats import cycle_means
 from .comm import PRESETS, CommModel, Link, emulated, fit, scale_model
 from .gpus import PEAK_FP32_FLOPS, TRAINING_FLOPS, scale_profile_record
-from .profile import PROFILE_KEYS, Profile, find_profile, profile_config
+from .profile import PROFILE_KEYS, Profile, config_value, find_profile, profile_config
 from .simulate import Schedule, simulate
 
 DEFAULT_CAPS = "0,1,5,10,25,50,100,200"  # the caps E3 measures, so that a recommendation can be checked
+# The RunConfig fields `ddpbench profile` takes (model_config: ';' between configurations, as in `run`).
+PROFILED = ("model", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device", "model_config", "amp")
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     """`ddpbench profile`: what to profile (one process, world size 1)."""
-    for name in ("model", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device"):
+    for name in PROFILED:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="LIST",
-                            help=f"comma-separated; default {getattr(RunConfig(), name)!r}")
+                            help="key=value,... for --model; several configurations separated by ';'"
+                            if name == "model_config" else f"comma-separated; default {getattr(RunConfig(), name)!r}")
     parser.add_argument("--colocated", default="1", metavar="LIST",
                         help="comma-separated; profile N independent copies at once, as N ranks sharing this host "
                         "compute (default 1: one process alone)")
@@ -44,9 +47,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve(args: argparse.Namespace) -> list[RunConfig]:
     """The configs to profile (world size = co-located copies, each a world of one), validated."""
     _, default_device = default_backend_and_device()
-    lists = {name: parse_list(name, getattr(args, name)) for name in
-             ("model", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device")
-             if getattr(args, name) is not None}
+    lists = {name: parse_list(name, getattr(args, name)) for name in PROFILED if getattr(args, name) is not None}
     lists.setdefault("device", [default_device])
     lists.setdefault("threads", [1])  # as the main job's runs: one compute thread per rank
     colocated = parse_ints("colocated", args.colocated, 1)
@@ -68,7 +69,10 @@ def run(configs: list[RunConfig], args: argparse.Namespace) -> dict:
 def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
     """Options shared by `predict` and `tune-bucket`."""
     parser.add_argument("--profile", type=Path, required=True, help="profile records (file or folder)")
-    parser.add_argument("--model", required=True, help="the profiled model to predict")
+    parser.add_argument("--model", required=True, help="the profiled model to predict (its --model spec)")
+    parser.add_argument("--model-config", dest="model_config",
+                        help="pick the profile with this --model-config (default: the newest profile of the model)")
+    parser.add_argument("--amp", help="pick the profile with this --amp (default: the newest profile of the model)")
     for name in ("batch_size", "image_size", "seq_len", "threads"):
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int,
                             help="pick the profile with this value (default: the newest profile of the model)")
@@ -116,12 +120,13 @@ def chosen_profile(args: argparse.Namespace) -> Profile:
         records = read_records(args.profile)
     except FileNotFoundError as error:
         raise ConfigError(f"--profile: {error}") from None
-    flags = {k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len", "threads", "colocated")
-             if getattr(args, k) is not None}
+    flags = {k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len", "threads", "colocated",
+                                           "model_config", "amp") if getattr(args, k, None) is not None}
     # a profile's world size is its count of co-located copies
     wanted = {("world_size" if k == "colocated" else k): v for k, v in flags.items()}
     matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok"
-               and r["config"]["model"] == args.model and all(r["config"][k] == v for k, v in wanted.items())]
+               and r["config"]["model"] == args.model
+               and all(config_value(r["config"], k) == v for k, v in wanted.items())]
     if not matches:
         found = sorted({f"{r['config']['model']} (colocated {r['config']['world_size']})"
                         for r in records if r.get("kind") == "profile"})
@@ -317,14 +322,15 @@ def measured_latency(record: dict) -> float:
     return statistics.median(cycle_means(record["latency_s"], record["config"]["sync_every"]))
 
 
-def validate(runs: Path, backend: str = "gloo", device: str = "cpu") -> list[dict]:
+def validate(runs: Path, backend: str = "gloo", device: str = "cpu", allreduce: Path | None = None) -> list[dict]:
     """Predicted against measured latency for every ddp_core run under `runs` that has a profile there.
 
-    The network is fitted to the all-reduce records under `runs` (never to the runs themselves).
+    The network is fitted to the all-reduce records under `runs` (never to the runs themselves), or
+    under `allreduce` where given.
     """
     records = read_records(runs)
     try:
-        machine = fit(records, backend, device).model
+        machine = fit(read_records(allreduce) if allreduce is not None else records, backend, device).model
     except ValueError:
         machine = None  # no loopback all-reduce records: only emulated-compute runs with their own fit are predicted
     loopback: dict[int, CommModel] = {}  # per world size, for the scale model's hosts
@@ -353,8 +359,8 @@ def validate(runs: Path, backend: str = "gloo", device: str = "cpu") -> list[dic
                         sync_every=c["sync_every"], process_groups=c["process_groups"])
         predicted = simulate(profile, comm, plan).latency
         measured = measured_latency(record)
-        rows.append({**{k: c[k] for k in ("model", "world_size", "bucket_mb", "impl", "sync_every",
-                                          "process_groups", *PROFILE_KEYS)}, "link": link,
+        rows.append({**{k: config_value(c, k) for k in ("model", "world_size", "bucket_mb", "impl", "sync_every",
+                                                         "process_groups", *PROFILE_KEYS)}, "link": link,
                      "ranks_per_host": ranks_per_host, "compute": c.get("compute", "real"),
                      "time_dilation": c.get("time_dilation", 1.0), "busy_share": _busy_share(record),
                      "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})

@@ -24,6 +24,8 @@ import torch.distributed as dist
 
 from ..config import RunConfig
 from ..harness import Clock, build, train_step
+from ..records import LATER_FIELDS
+from ..workloads.spec import model_size
 
 
 class ReadyTimes:
@@ -71,7 +73,7 @@ def _profile(rank: int, config: RunConfig, alone) -> dict:
     synced, skipped = [], []
     for i in range(config.warmup + config.iters):
         clock.start()
-        train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark)
+        train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark, t.precision)
         m = clock.seconds()
         if i >= config.warmup:
             synced.append({"forward": m["forward"], "backward": m["backward_computed"] - m["forward"],
@@ -79,7 +81,7 @@ def _profile(rank: int, config: RunConfig, alone) -> dict:
                            "ready": [m[f"ready{p}"] - m["forward"] for p in range(n_params)]})
     for i in range(config.warmup + config.iters):
         clock.start()
-        train_step(t.ddp, t.family, t.batch, t.optimizer, False, clock.mark)
+        train_step(t.ddp, t.family, t.batch, t.optimizer, False, clock.mark, t.precision)
         m = clock.seconds()
         t.optimizer.zero_grad(set_to_none=True)  # each skipped iteration starts as the first of a cycle
         if i >= config.warmup:
@@ -91,6 +93,7 @@ def _profile(rank: int, config: RunConfig, alone) -> dict:
         "bytes": [p.numel() * p.element_size() for p in reducer.params],
         "dtypes": [str(p.dtype) for p in reducer.params],
         "buffer_bytes": sum(b.numel() * b.element_size() for b in t.model.buffers()),
+        "model_size": model_size(t.model),
     }
 
 
@@ -162,14 +165,19 @@ class Profile:
 
 
 # What makes two configs share a profile: the model, its inputs, the device and the compute threads.
-PROFILE_KEYS = ("model", "device", "batch_size", "image_size", "seq_len", "threads")
+PROFILE_KEYS = ("model", "device", "batch_size", "image_size", "seq_len", "threads", "model_config", "amp", "model_hash")
+
+
+def config_value(config: dict, key: str):
+    """`config[key]`, or for a field added later the value every older record implies."""
+    return config.get(key, LATER_FIELDS.get(key))
 
 
 def find_profile(records: list[dict], config: dict) -> Profile | None:
     """The newest profile among `records` whose model, inputs, device and threads match `config`:
     one measured with as many co-located copies as `config` has ranks, else a one-copy profile."""
     matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok"
-               and all(r["config"][k] == config[k] for k in PROFILE_KEYS)]
+               and all(config_value(r["config"], k) == config_value(config, k) for k in PROFILE_KEYS)]
     for copies in (config["world_size"], 1):
         same = [r for r in matches if r["config"]["world_size"] == copies]
         if same:

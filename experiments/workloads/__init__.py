@@ -3,12 +3,18 @@
 `MODELS` maps a model name to a builder (random initialisation from a config: nothing is downloaded);
 `make_batch(model, batch_size, image_size, seq_len, generator)` makes a synthetic batch on the CPU;
 `loss(model, batch)` returns the scalar training loss.
+`spec.py` resolves every `--model` (these names, torchvision:, transformers:, the user's file) to one Workload.
 """
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
-from . import bert, resnet
+# Every model is built from a configuration with random weights: nothing ever needs the Hugging Face hub,
+# and a benchmark must not wait on (or be slowed by) the network. Set before transformers is imported.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from . import bert, resnet  # noqa: E402
 
 _FAMILIES: tuple[ModuleType, ...] = (resnet, bert)
 WORKLOADS: dict[str, ModuleType] = {name: family for family in _FAMILIES for name in family.MODELS}

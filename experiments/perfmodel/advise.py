@@ -1,0 +1,171 @@
+"""`ddpbench advise`: how DDP will behave for the user's model, from one profile of a few minutes.
+
+    ddpbench advise --model torchvision:resnet18 --image-size 32 --world-size 2          # this machine
+    ddpbench advise --model transformers:gpt2 --model-config n_layer=4 --cluster h100-400g-nccl \\
+        --world-size 64 --compute-s 0.05 --out results/advise/gpt2
+
+Measures, in one process (or as many co-located copies as ranks will share this host), the profile the
+performance model starts from (`ddpbench profile`) and the probes of `probe.py`; then predicts, with
+the model's own simulation (`simulate.py`) on the network asked for, the figures of `report.py`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from ..config import ConfigError, RunConfig, default_backend_and_device, expand_grid, parse_list, validate_backend
+from ..records import machine_name, read_records
+from . import probe
+from . import profile as profiling
+from .comm import PRESETS
+from .commands import comm_model
+from .report import build_report, format_markdown, format_terminal, write_outputs
+
+SINGLE = ("model", "model_config", "amp", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup",
+          "device")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`ddpbench advise`'s options."""
+    defaults = RunConfig()
+    parser.add_argument("--model", required=True, help="the model: a built-in name, torchvision:NAME, "
+                        "transformers:TYPE, path/to/file.py or package.module (README 'Your own model')")
+    parser.add_argument("--model-config", dest="model_config", help="key=value,... for --model")
+    parser.add_argument("--amp", help="none (default), bf16, fp16 (CUDA)")
+    for name in ("batch_size", "image_size", "seq_len", "iters", "warmup"):
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name,
+                            help=f"per rank / of the profile; default {getattr(defaults, name)}")
+    parser.add_argument("--threads", help="compute threads of the profile; default: this host's cores shared by "
+                        "the co-located copies")
+    parser.add_argument("--device", help="the device profiled; default cuda with GPUs, else cpu")
+    parser.add_argument("--world-size", type=int, default=2, help="ranks to predict for (default 2)")
+    network = parser.add_mutually_exclusive_group()
+    network.add_argument("--cluster", help=f"a cluster preset: {', '.join(PRESETS)} (default: this machine)")
+    network.add_argument("--link", default="none", help="this machine's ranks on emulated hosts behind links of this "
+                         "rate, as `ddpbench run --link` (default none: loopback)")
+    parser.add_argument("--ranks-per-host", type=int, default=1, help="with --link: ranks per emulated host")
+    parser.add_argument("--allreduce", type=Path, help="this machine's all-reduce records, to fit (default "
+                        "results/runs/<this machine>); not needed with --cluster")
+    parser.add_argument("--compute-s", type=float, help="scale the profile to this many seconds of compute per "
+                        "iteration (a CPU profile used for a GPU cluster: the GPU's time)")
+    parser.add_argument("--colocated", type=int, help="profile as this many copies at once (default: the world size "
+                        "on this machine, 1 with --cluster)")
+    parser.add_argument("--out", type=Path, help="write OUT.md, OUT.json and the profile record OUT.profile.jsonl")
+    parser.add_argument("--from-profile", type=Path, metavar="FILE", help="measure nothing: report from the newest "
+                        "advise profile of --model in FILE (an OUT.profile.jsonl), e.g. for another network")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds the measurement may take")
+
+
+def resolve(args: argparse.Namespace) -> RunConfig:
+    """The profile's config, validated (ConfigError naming a bad value)."""
+    backend, device = default_backend_and_device()
+    lists = {name: parse_list(name, getattr(args, name)) for name in SINGLE if getattr(args, name, None) is not None}
+    for name, values in lists.items():
+        if len(values) != 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: advise takes one value, got {len(values)}")
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size={args.world_size} is not allowed; it must be >= 1")
+    here = args.cluster is None  # the ranks will share this machine's cores
+    copies = args.colocated or (args.world_size if here else 1)
+    if copies < 1:
+        raise ConfigError(f"--colocated={copies} is not allowed; it must be >= 1")
+    lists.setdefault("device", [device])
+    lists.setdefault("threads", [max(1, (os.cpu_count() or 1) // copies)])  # as `run` shares the cores
+    (config,) = expand_grid({**lists, "world_size": [1]})
+    config = dataclasses.replace(profiling.profile_config(config, copies),
+                                 backend="nccl" if config.device == "cuda" else "gloo")
+    validate_backend(config.backend, config.device, config.world_size)
+    return config
+
+
+def network_args(args: argparse.Namespace, config: RunConfig) -> argparse.Namespace:
+    """The options `commands.comm_model` reads, from advise's."""
+    allreduce = args.allreduce or Path("results") / "runs" / machine_name()
+    if args.cluster is None and not allreduce.exists():
+        raise ConfigError(f"--allreduce: no all-reduce records at {allreduce}; measure them with `ddpbench allreduce "
+                          f"--mode size --world-size 2 --out {allreduce}/allreduce.jsonl`, or pass --cluster")
+    return argparse.Namespace(cluster=args.cluster, link=args.link, ranks_per_host=args.ranks_per_host,
+                              allreduce=allreduce, backend=config.backend, device=config.device)
+
+
+def measure(rank: int, world_size: int, config_fields: dict) -> dict:
+    """On each copy: the probes, then (for a model every parameter of which gets a gradient) the profile."""
+    probes = probe.measure(rank, world_size, config_fields)
+    if probes["unused"]:
+        return {"probes": probes}
+    return {"probes": probes, **profiling.measure(rank, world_size, config_fields)}
+
+
+def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
+    """A profile record (see profile.make_record) with the slowest copy's probes under `probes`."""
+    probes = [r.pop("probes") for r in per_rank]
+    if probes[0]["unused"]:
+        names = probes[0]["unused"]
+        return {"kind": "profile", "status": "failed", "config": dataclasses.asdict(config), "probes": probes[0],
+                "error": f"{len(names)} parameter(s) get no gradient ({', '.join(names[:5])}"
+                         f"{' ...' if len(names) > 5 else ''}): the model needs find_unused_parameters=True, "
+                         "which ddpbench's runs and profiles do not use; no timing profile"}
+    record = profiling.make_record(config, per_rank, wall_s)
+    record["probes"] = probes[record["slowest_copy"]]
+    return record
+
+
+def main(args: argparse.Namespace) -> int:
+    """Profile, predict, print the report (and write it with --out); 2 on bad input, 1 if measuring failed."""
+    from ..cli import check_output
+    from ..sweep import run_jobs
+
+    try:
+        config = resolve(args)
+        net = network_args(args, config)
+        comm = comm_model(net)
+        if args.out is not None:
+            for suffix in (".md", ".json", ".profile.jsonl"):
+                check_output(args.out.with_name(args.out.name + suffix))
+        if args.compute_s is not None and not args.compute_s > 0:
+            raise ConfigError(f"--compute-s={args.compute_s} is not allowed; it must be > 0")
+        stored = _stored(args.from_profile, args.model) if args.from_profile is not None else None
+    except ConfigError as error:
+        print(f"ddpbench advise: error: {error}", file=sys.stderr)
+        return 2
+    if stored is not None:
+        return _report(stored, comm, net, args, args.from_profile)
+    kept: list[dict] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        records = (args.out.with_name(args.out.name + ".profile.jsonl") if args.out is not None
+                   else Path(scratch) / "profile.jsonl")
+        if args.out is not None:
+            records.parent.mkdir(parents=True, exist_ok=True)
+        print(f"ddpbench advise: profiling {config.model} ({config.world_size} co-located "
+              f"cop{'y' if config.world_size == 1 else 'ies'}, {config.warmup} + {config.iters} iterations each "
+              "way, plus the probes) ...", file=sys.stderr)
+        counts = run_jobs([config], records, measure, make_record, "profile", timeout=args.timeout,
+                          on_record=lambda job, record, per_rank: kept.append(record),
+                          echo=lambda line: print(line, file=sys.stderr))
+    if counts["failed"] and not (kept and "probes" in kept[0]):
+        return 1  # the ranks' error is printed above
+    return _report(kept[0], comm, net, args, records if args.out is not None else None)
+
+
+def _stored(path: Path, model: str) -> dict:
+    """The newest advise record of `model` in `path` (ConfigError if there is none)."""
+    try:
+        found = [r for r in read_records(path) if "probes" in r and r["config"]["model"] == model]
+    except FileNotFoundError as error:
+        raise ConfigError(f"--from-profile: {error}") from None
+    if not found:
+        raise ConfigError(f"--from-profile={str(path)!r} holds no advise profile of --model={model!r}")
+    return found[-1]
+
+
+def _report(record: dict, comm, net, args, profile_path: Path | None) -> int:
+    report = build_report(record, comm, net, args, profile_path)
+    print(format_terminal(report))
+    if args.out is not None:
+        write_outputs(report, args.out, format_markdown(report))
+        print(f"ddpbench advise: wrote {args.out}.md and {args.out}.json", file=sys.stderr)
+    return 0

@@ -1,0 +1,198 @@
+"""The report of `ddpbench advise`: figures marked measured, counted or predicted; a terminal table,
+Markdown and JSON.
+
+Predictions come from the performance model (`simulate`) fed with the measured profile; where a
+figure rests on a one-process measurement (bucket views, the graph search, the casts), that part is
+measured and the combination predicted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+from ddp_core.bucketing import TensorSpec, assign_buckets
+
+from .comm import CommModel, Link
+from .commands import DEFAULT_CAPS, TOLERANCE, caps_text, describe_profile, near_best, predict_rows, profile_warnings
+from .probe import medians
+from .profile import Profile
+from .simulate import Schedule, buckets_of, simulate
+
+MB = 1024 * 1024
+SHOWN_BUCKETS = 12  # a longer layout is summarised in the terminal (Markdown and JSON keep every bucket)
+
+
+def compressed(comm: CommModel) -> CommModel:
+    """`comm` carrying half the bytes (an fp16/bf16 compression hook): every bus bandwidth doubled."""
+    def half(link: Link | None) -> Link | None:
+        return None if link is None else Link(alpha=link.alpha, busbw=2 * link.busbw)
+
+    return dataclasses.replace(comm, name=f"{comm.name}, 16-bit compression", intra=half(comm.intra),
+                               inter=half(comm.inter), cpu=half(comm.cpu))
+
+
+def bucket_layout(profile: Profile, names: list[str], order: list[int], cap_mb: float = 25.0) -> list[dict]:
+    """Buckets of `cap_mb` over parameters taken in `order`: size, when their first and last gradient
+    are ready (ms after backward starts), how long the bucket waits for its last one, and which it is."""
+    specs = [TensorSpec(n, dtype) for n, dtype in zip(profile.nbytes, profile.dtypes)]
+    rows = []
+    for index, members in enumerate(assign_buckets(specs, order, cap_mb, 1.0)):
+        first = min(profile.ready[i] for i in members)
+        last_index = max(members, key=profile.ready.__getitem__)
+        rows.append({"bucket": index, "tensors": len(members), "MB": sum(profile.nbytes[i] for i in members) / MB,
+                     "first_ready_ms": first * 1e3, "complete_ms": profile.ready[last_index] * 1e3,
+                     "waits_ms": (profile.ready[last_index] - first) * 1e3,
+                     "last_gradient": names[last_index] if last_index < len(names) else str(last_index)})
+    return rows
+
+
+def _figure(figures: list, what: str, value: str, kind: str, number: float | None = None) -> None:
+    figures.append({"figure": what, "value": value, "kind": kind, "number": number})
+
+
+def build_report(record: dict, comm: CommModel, net, args, profile_path: Path | None) -> dict:
+    """Every figure of the report, from the advise record (profile + probes) and the network."""
+    c = record["config"]
+    probes = medians(record["probes"])
+    size = record.get("model_size") or record["probes"].get("model_size") or {}
+    figures: list[dict] = []
+    report = {"model": c["model"], "model_config": c.get("model_config", ""), "amp": c.get("amp", "none"),
+              "model_hash": c.get("model_hash", ""), "world_size": args.world_size, "network": comm.name,
+              "network_source": comm.source, "figures": figures, "warnings": [], "profile_config": c,
+              "profile_file": str(profile_path) if profile_path else None}
+    _figure(figures, "parameters", f"{size.get('parameters', 0) / 1e6:.2f} M", "counted", size.get("parameters"))
+    _figure(figures, "gradient bytes reduced per iteration", f"{size.get('gradient_bytes', 0) / MB:.1f} MB in "
+            f"{size.get('gradient_tensors', 0)} tensors", "counted", size.get("gradient_bytes"))
+    forward_plain, forward_search = probes["forward_plain_s"], probes["forward_search_s"]
+    unused = probes["unused"]
+    _figure(figures, "find_unused_parameters needed", f"yes: {len(unused)} parameter(s) get no gradient "
+            f"({', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''})" if unused else "no: every parameter gets a "
+            "gradient", "measured", len(unused))
+    _figure(figures, "find_unused_parameters cost (forward, one process)",
+            f"{forward_plain * 1e3:.2f} -> {forward_search * 1e3:.2f} ms ({forward_search / forward_plain - 1:+.1%})",
+            "measured", forward_search - forward_plain)
+    if record["status"] != "ok":
+        report["warnings"].append(record["error"])
+        report["profile"] = "none: " + record["error"]
+        return report
+
+    profile = Profile.from_record(record)
+    if args.compute_s:
+        profile = profile.scaled(args.compute_s / profile.compute)
+    report["profile"] = describe_profile(profile, profile_path or "(not kept: pass --out)", args.compute_s)
+    report["warnings"] += profile_warnings(profile, args)
+    iterations = [sum(row[k] for k in ("forward", "backward", "tail", "optimizer")) for row in record["synced"]]
+    quartiles = statistics.quantiles(iterations, n=4) if len(iterations) > 1 else [iterations[0]] * 3
+    _figure(figures, "compute per iteration, the profile (forward / backward / optimizer)",
+            f"{profile.compute * 1e3:.1f} ms ({profile.forward * 1e3:.1f} / {profile.backward * 1e3:.1f} / "
+            f"{profile.optimizer * 1e3:.1f}); interquartile {quartiles[0] * 1e3:.1f}-{quartiles[2] * 1e3:.1f} ms"
+            + (" (scaled by --compute-s)" if args.compute_s else ""), "measured", profile.compute)
+
+    n = args.world_size
+    base = simulate(profile, comm, Schedule(world_size=n))
+    alone = simulate(profile, comm, Schedule(world_size=1)).latency
+    _figure(figures, f"iteration at {n} ranks, 25 MB buckets", f"{base.latency * 1e3:.1f} ms", "predicted", base.latency)
+    _figure(figures, "exposed communication (after backward)",
+            f"{base.breakdown['exposed_comm'] * 1e3:.1f} ms ({base.breakdown['exposed_comm'] / base.latency:.0%} of "
+            "the iteration)", "predicted", base.breakdown["exposed_comm"])
+    _figure(figures, f"scaling efficiency at {n} ranks (one process's iteration / this one)",
+            f"{alone / base.latency:.0%}", "predicted", alone / base.latency)
+
+    arrival = sorted(range(len(profile.ready)), key=profile.ready.__getitem__)
+    report["buckets"] = bucket_layout(profile, record["names"], arrival)
+    registration = bucket_layout(profile, record["names"], list(reversed(range(len(profile.ready)))))
+    report["buckets_registration_order"] = registration
+    worst = max(registration, key=lambda b: b["waits_ms"])
+    _figure(figures, "buckets at 25 MB (in gradient arrival order, as after the first iteration)",
+            f"{len(report['buckets'])}; the longest wait for a last gradient {max(b['waits_ms'] for b in report['buckets']):.1f} ms",
+            "measured")
+    _figure(figures, "same cap in registration order (the first iteration, or rebuilding off)",
+            f"{len(registration)} buckets; bucket {worst['bucket']} waits {worst['waits_ms']:.1f} ms for "
+            f"{worst['last_gradient']}", "measured")
+
+    caps = [float(cap) for cap in DEFAULT_CAPS.split(",")]
+    rows = predict_rows(profile, comm, [Schedule(world_size=n, bucket_mb=cap) for cap in caps])
+    near = near_best(rows)
+    best = near[0]
+    at25 = next(row for row in rows if row["bucket_mb"] == 25)
+    within = f"caps {caps_text([r['bucket_mb'] for r in near], caps)} predict within {TOLERANCE:.0%} of the best"
+    if any(r["bucket_mb"] == 25 for r in near):
+        _figure(figures, "recommended bucket cap", f"25 MB, the default ({within})", "predicted", 25.0)
+    else:
+        _figure(figures, "recommended bucket cap", f"{best['bucket_mb']:g} MB: {best['latency_ms']:.1f} ms against "
+                f"{at25['latency_ms']:.1f} ms at 25 MB ({best['latency_ms'] / at25['latency_ms'] - 1:+.1%}; {within})",
+                "predicted", best["bucket_mb"])
+    report["caps"] = rows
+
+    def option(what: str, latency: float, note: str = "") -> None:
+        change = latency / base.latency - 1
+        verdict = "pays off" if change < -TOLERANCE else "costs time" if change > TOLERANCE else "no gain"
+        _figure(figures, what, f"{verdict}: {latency * 1e3:.1f} ms ({change:+.1%}){note}", "predicted", latency)
+
+    if "iteration_views_s" in probes:
+        saving = probes["iteration_copies_s"] - probes["iteration_views_s"]
+        _figure(figures, "gradient_as_bucket_view, one process (iteration without -> with)",
+                f"{probes['iteration_copies_s'] * 1e3:.1f} -> {probes['iteration_views_s'] * 1e3:.1f} ms", "measured",
+                saving)
+        option(f"with gradient_as_bucket_view at {n} ranks", base.latency - saving)
+    for dtype, hook in (("float16", "fp16"), ("bfloat16", "bf16")):
+        cast = probes[f"cast_{dtype}_s"]
+        option(f"--comm-hook {hook} (16-bit all-reduce) at {n} ranks",
+               simulate(profile, compressed(comm), Schedule(world_size=n)).latency + cast,
+               f"; casts measured {cast * 1e3:.1f} ms")
+    for every in (2, 4):
+        option(f"--sync-every {every} (reduce every {every} iterations) at {n} ranks",
+               simulate(profile, comm, Schedule(world_size=n, sync_every=every)).latency,
+               "; mean per iteration, one optimizer step per cycle")
+    return report
+
+
+def format_terminal(report: dict) -> str:
+    """The report as plain text: what was profiled, the figures, the bucket layout."""
+    width = max(len(f["figure"]) for f in report["figures"])
+    lines = [f"ddpbench advise: {report['model']}"
+             + (f" ({report['model_config']})" if report["model_config"] else "")
+             + (f", amp {report['amp']}" if report["amp"] != "none" else ""),
+             f"network: {report['network']} ({report['network_source']})", str(report["profile"]), ""]
+    lines += [f"{f['figure']:<{width}}  {f['kind']:<9}  {f['value']}" for f in report["figures"]]
+    buckets = report.get("buckets", [])
+    if buckets:
+        lines += ["", "buckets at 25 MB, in gradient arrival order (ms after backward starts):",
+                  f"{'bucket':>6} {'tensors':>7} {'MB':>7} {'first':>8} {'complete':>8} {'waits':>7}  last gradient"]
+        shown = buckets if len(buckets) <= SHOWN_BUCKETS else buckets[:SHOWN_BUCKETS - 1] + buckets[-1:]
+        for b in shown:
+            lines.append(f"{b['bucket']:>6} {b['tensors']:>7} {b['MB']:>7.2f} {b['first_ready_ms']:>8.1f} "
+                         f"{b['complete_ms']:>8.1f} {b['waits_ms']:>7.1f}  {b['last_gradient']}")
+        if len(shown) < len(buckets):
+            lines.append(f"  ({len(buckets) - len(shown)} more in the JSON and Markdown)")
+    lines += [f"warning: {w}" for w in report["warnings"]]
+    return "\n".join(lines)
+
+
+def format_markdown(report: dict) -> str:
+    """The report as Markdown: the same figures, every bucket."""
+    lines = [f"# ddpbench advise: `{report['model']}`", ""]
+    if report["model_config"]:
+        lines += [f"- model configuration: `{report['model_config']}`"]
+    lines += [f"- amp: {report['amp']}", f"- network: {report['network']} ({report['network_source']})",
+              f"- {report['profile']}", ""]
+    lines += [f"> warning: {w}" for w in report["warnings"]] + ([""] if report["warnings"] else [])
+    lines += ["| figure | value | |", "|---|---|---|"]
+    lines += [f"| {f['figure']} | {f['value']} | {f['kind']} |" for f in report["figures"]]
+    for key, title in (("buckets", "Buckets at 25 MB, in gradient arrival order"),
+                       ("buckets_registration_order", "Buckets at 25 MB, in registration order")):
+        if report.get(key):
+            lines += ["", f"## {title} (ms after backward starts; measured)", "",
+                      "| bucket | tensors | MB | first ready | complete | waits | last gradient |", "|---|---|---|---|---|---|---|"]
+            lines += [f"| {b['bucket']} | {b['tensors']} | {b['MB']:.2f} | {b['first_ready_ms']:.1f} | "
+                      f"{b['complete_ms']:.1f} | {b['waits_ms']:.1f} | `{b['last_gradient']}` |" for b in report[key]]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(report: dict, out: Path, markdown: str) -> None:
+    """OUT.md and OUT.json."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_name(out.name + ".md").write_text(markdown)
+    out.with_name(out.name + ".json").write_text(json.dumps(report, indent=1, default=str) + "\n")
