@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from experiments.cli import main
-from experiments import history
-from experiments.compare import compare
+from experiments.regression import history
+from experiments.regression.compare import compare
 from experiments.records import append_record, machine_name, read_records
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import ConfigError
+from ..records import append_record, machine_name, read_records
 from .ab import PRESETS, git, run_round, worktrees
 from .compare import MARKS, check_verdict_options, compare, describe, pooled_samples
-from .config import ConfigError
-from .records import append_record, machine_name, read_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -192,7 +192,7 @@ def rows_by_commit(rows: list[dict], commits: list[str]) -> list[dict | None]:
 
 def main(args: argparse.Namespace) -> int:
     """Measure what is missing, then write the table and the figure; 2 on bad input."""
-    from .cli import check_folder  # cli imports this module
+    from ..cli import check_folder  # cli imports this module
 
     rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
     try:

@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..config import ConfigError
+from ..records import SchemaError, append_record, read_records
 from .compare import MIN_PAIRED_ROUNDS, check_verdict_options, compare, format_table
-from .config import ConfigError
-from .records import SchemaError, append_record, read_records
 
 # preset -> the `ddpbench run` arguments (without --out) and the default number of A/B rounds
 PRESETS = {
@@ -130,12 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidence", type=float, default=0.99)
     parser.add_argument("--keep", type=Path, help="keep the records in this new folder (base.jsonl, head.jsonl)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1], help=argparse.SUPPRESS)
+    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2], help=argparse.SUPPRESS)
 
 
 def main(args: argparse.Namespace) -> int:
     """Check out both revisions, run the preset alternately, compare; 1 if HEAD is slower, 2 on bad input."""
-    from .cli import check_folder  # cli imports this module
+    from ..cli import check_folder  # cli imports this module
 
     rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
     try:
