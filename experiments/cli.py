@@ -64,9 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     perfmodel.add_model_arguments(sub.add_parser("tune-bucket", help="recommend a bucket cap (model)"), True)
     compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
     ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
-    from .regression import history
+    from .regression import drill, history
 
     history.add_arguments(sub.add_parser("history", help="latency per commit, recorded and plotted"))
+    drill.add_arguments(sub.add_parser("drill", help="inject regressions, measure their true size, A/B them"))
     from . import network
 
     network.add_arguments(sub.add_parser("network", help="can this machine emulate a cluster (--link)? clean up"))
@@ -163,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("predict", "tune-bucket"):
         return perfmodel.main(args)
-    if args.command in ("compare", "ab", "history"):
-        from .regression import ab, compare, history
+    if args.command in ("compare", "ab", "history", "drill"):
+        from .regression import ab, compare, drill, history
 
-        return {"compare": compare, "ab": ab, "history": history}[args.command].main(args)
+        return {"compare": compare, "ab": ab, "history": history, "drill": drill}[args.command].main(args)
     if args.command == "network":
         from . import network
 

@@ -71,6 +71,7 @@ def worktrees(repo: Path, commits: dict[str, str], parent: Path):
     finally:
         for tree in trees.values():
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=repo, capture_output=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
 
 
 def cpu_seconds() -> tuple[float, float] | None:
@@ -85,22 +86,34 @@ def cpu_seconds() -> tuple[float, float] | None:
     return busy / os.sysconf("SC_CLK_TCK"), children.ru_utime + children.ru_stime
 
 
-def run_round(tree: Path, preset: str, out: Path, tag: dict) -> str | None:
+def run_commands(preset: str, separate: bool) -> list[list[str]]:
+    """The `ddpbench run` argument lists of one round of the preset: one list, or with `separate` one
+    per model of its --model list (each model then runs in processes of its own)."""
+    args = PRESETS[preset]["args"]
+    at = args.index("--model") + 1
+    models = args[at].split(",") if separate else [args[at]]
+    return [[*args[:at], model, *args[at + 1:]] for model in models]
+
+
+def run_round(tree: Path, preset: str, out: Path, tag: dict, separate: bool | None = None) -> str | None:
     """One run of the preset with the revision checked out in `tree` (same environment, its own code);
     its successful records are appended to `out`, tagged with `"round": tag` plus `other_load`, the
-    cores that other processes kept busy meanwhile on average. None if it worked, else why not (exit
+    cores that other processes kept busy meanwhile on average. `separate` (default: the preset's
+    setting) runs each model in fresh processes of its own. None if it worked, else why not (exit
     status and the end of its error output)."""
+    separate = PRESETS[preset].get("separate", False) if separate is None else separate
     with tempfile.TemporaryDirectory(prefix="ddpbench-round-") as tmp:
         raw = Path(tmp) / "round.jsonl"
-        command = [sys.executable, "-m", "experiments", "run", *PRESETS[preset]["args"], "--out", str(raw)]
         before, started = cpu_seconds(), time.monotonic()
-        done = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for args in run_commands(preset, separate):
+            command = [sys.executable, "-m", "experiments", "run", *args, "--out", str(raw)]
+            done = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+            if done.returncode != 0:
+                return f"`ddpbench run` exited with status {done.returncode}: {tail}"
         after, wall = cpu_seconds(), time.monotonic() - started
         other = None if before is None else max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        if done.returncode != 0:
-            return f"`ddpbench run` exited with status {done.returncode}: {tail}"
         try:
             records = [r for r in read_records(raw) if r.get("status") == "ok"] if raw.exists() else []
         except SchemaError as error:
