@@ -150,7 +150,7 @@ def test_history_records_plots_and_skips_what_is_recorded(tmp_path, monkeypatch,
     results = tmp_path / "results"
     # The base commit, then the range after it (A..B leaves A out), as a user would list them.
     argv = ["history", "HEAD~2", "HEAD~2..HEAD", "--preset", "quick", "--rounds", "3", "--repo", str(repo),
-            "--results", str(results)]
+            "--results", str(results), "--html", str(tmp_path / "site")]
     assert main(argv) == 0
     folder = results / "history" / machine_name() / "quick"
     closing = {c: history.closing_record(folder / f"{c}.jsonl", "quick") for c in (base, slow, broken)}
@@ -164,6 +164,10 @@ def test_history_records_plots_and_skips_what_is_recorded(tmp_path, monkeypatch,
     [row] = table[table["commit"] == slow[:10]].to_dict("records")
     assert row["method"] == "paired x3" and row["ratio"] > 1.2  # against the base commit
     assert list(table[table["commit"] == broken[:10]]["status"]) == ["failed"]
+    # The page links each commit's records, copied beside it (tests/test_history_page.py renders one).
+    site = (tmp_path / "site" / "index.html").read_text()
+    assert all(f'href="records/{c}.jsonl"' in site and (tmp_path / "site" / "records" / f"{c}.jsonl").exists()
+               for c in (base, slow, broken))
     # Everything is recorded now: a second call measures nothing and only redraws.
     monkeypatch.setattr(history, "run_round", lambda *a: pytest.fail("measured a recorded commit"))
     before = {c: (folder / f"{c}.jsonl").read_bytes() for c in (base, slow, broken)}

@@ -15,7 +15,8 @@ broken) is recorded as failed after its first failing round.
 Then, for all the given commits: a table (results/tables/history-<machine>.csv) and a figure
 (results/figures/history-<machine>.png; `-<preset>` added for presets other than smoke) of the median
 latency per config with its interquartile range, and compare's verdict of each commit against the
-previous successfully measured one marked. Exit status: 0, or 2 on bad input.
+previous successfully measured one marked; with `--html DIR`, also a static page (page.py).
+Exit status: 0, or 2 on bad input.
 """
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidence", type=float, default=0.99)
     parser.add_argument("--results", type=Path, default=ROOT / "results",
                         help="results folder: history/, figures/ and tables/ under it (default results/)")
+    parser.add_argument("--html", type=Path, metavar="DIR",
+                        help="also write a static, self-contained page here (index.html, records/), as asv publish")
     parser.add_argument("--repo", type=Path, default=ROOT, help=argparse.SUPPRESS)
 
 
@@ -201,6 +204,8 @@ def main(args: argparse.Namespace) -> int:
         check_verdict_options(args.threshold, args.confidence)
         commits = resolve(args.revisions, args.repo)
         check_folder(args.results, "results")  # records, table and figure go under it
+        if args.html is not None:
+            check_folder(args.html, "html")
     except ConfigError as error:
         print(f"ddpbench history: error: {error}", file=sys.stderr)
         return 2
@@ -225,4 +230,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"{mark} {row['commit']} {row['p50_ms']:8.2f}ms {change:>22}  {row['config'].split()[0]:12} "
               f"{row['subject']}")
     print(f"records in {folder}; table {table}; figure {figure}")
+    if args.html is not None:
+        from . import page
+
+        print(f"page {page.write(rows, commits, folder, args.html, f'ddpbench history, {args.preset} preset, {machine}')}")
     return 0
