@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..records import append_record, read_records
-from .ab import run_round, worktrees
+from .ab import QUIET, run_round, worktrees
 from .compare import compare
 
 TRUTH_CONFIDENCE = 0.95
@@ -92,9 +92,33 @@ def true_sizes(folder: Path, pairs: dict[str, tuple[str, str]]) -> dict[str, dic
     sizes: dict[str, dict[str, dict]] = {}
     for label, (numerator, denominator) in pairs.items():
         rows = compare(folder / f"{denominator}.jsonl", folder / f"{numerator}.jsonl", 0.05, TRUTH_CONFIDENCE)
-        sizes[label] = {row["config"]["model"]: {
-            "ratio": row["ratio"], "ci": row["ci"], "rounds": len(row["round_ratios"] or []),
-            "round_ratios": row["round_ratios"], "base_p50_ms": row["base_p50_s"] * 1e3,
-            "spread": float(np.std(np.log(row["round_ratios"]), ddof=1)) if row["round_ratios"] else None,
-        } for row in rows}
+        load = {**round_loads(folder / f"{denominator}.jsonl")}
+        for index, value in round_loads(folder / f"{numerator}.jsonl").items():
+            load[index] = max(load.get(index, 0.0), value)
+        sizes[label] = {}
+        for row in rows:
+            ratios = row["round_ratios"] or []
+            loads = [load.get(i) for i in sorted(load)][:len(ratios)]  # compare orders rounds by index too
+            quiet = [r for r, other in zip(ratios, loads) if other is not None and other <= QUIET]
+            sizes[label][row["config"]["model"]] = {
+                "ratio": row["ratio"], "ci": row["ci"], "rounds": len(ratios), "round_ratios": ratios,
+                "round_other_load": loads, "base_p50_ms": row["base_p50_s"] * 1e3, "spread": _spread(ratios),
+                # the same, over the rounds in which no other process kept more than QUIET cores busy
+                "quiet_rounds": len(quiet), "quiet_spread": _spread(quiet),
+            }
     return sizes
+
+
+def round_loads(path: Path) -> dict[int, float]:
+    """Round index -> the cores other processes kept busy during that round's run (the most of its records)."""
+    loads: dict[int, float] = {}
+    for record in read_records(path):
+        other = record.get("round", {}).get("other_load")
+        if other is not None:
+            loads[record["round"]["index"]] = max(loads.get(record["round"]["index"], 0.0), other)
+    return loads
+
+
+def _spread(ratios: list[float]) -> float | None:
+    """The standard deviation of the log ratios (about the relative spread), None for fewer than 2."""
+    return float(np.std(np.log(ratios), ddof=1)) if len(ratios) > 1 else None
