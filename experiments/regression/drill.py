@@ -128,6 +128,19 @@ def main(args: argparse.Namespace) -> int:
         state = {"base": base, "presets": {}}
     state["commits"] = commits
     state["injections"] = {n: INJECTIONS[n][0] for n in INJECTIONS}
+    try:
+        run_steps(args, state, presets, names, steps, base, commits)
+    except KeyboardInterrupt:
+        print(f"\nddpbench drill: interrupted; finished rounds and A/Bs are kept ({args.out}); run the same "
+              "command again to go on", file=sys.stderr)
+        return 130
+    print(f"drill: summary in {args.out} and {args.out.with_suffix('.md')}")
+    return 0
+
+
+def run_steps(args: argparse.Namespace, state: dict, presets: list[str], names: list[str], steps: list[str],
+              base: str, commits: dict[str, str]) -> None:
+    """The chosen steps for every preset, saving the state after each step and A/B."""
     raw = args.out.with_suffix("")
     save = lambda: report.write(state, args.out)  # noqa: E731 - after every step and A/B
     for preset in presets:
@@ -155,8 +168,6 @@ def main(args: argparse.Namespace) -> int:
                 print(f"drill {preset} A/B {n}/{len(todo)} {kind}: exit {result['exit']} in "
                       f"{result.get('seconds', 0):.0f} s; {rows or result.get('stderr', '')[-300:]}", flush=True)
     save()
-    print(f"drill: summary in {args.out} and {args.out.with_suffix('.md')}")
-    return 0
 
 
 def noise(repo: Path, base: str, preset: str, rounds: int, folder: Path, lock: str) -> dict:
