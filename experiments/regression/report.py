@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -21,6 +22,25 @@ def detections(abs_: list[dict], kind: str) -> dict:
                                               if row["config"] == c),
                                "median_ratio": statistics.median(row["ratio"] for r in runs for row in r["rows"]
                                                                  if row["config"] == c)} for c in configs}}
+
+
+def pooled_spread(truth: dict, config: str, quiet_only: bool, quiet: float = 0.2) -> dict:
+    """The pooled standard deviation of log per-round ratios about each pair's own mean, over every
+    pair of the truth run (all rounds, or those in which other processes kept at most `quiet` cores
+    busy): how far one round's ratio strays, whatever the pair's true size."""
+    squares, n, pairs = 0.0, 0, 0
+    for sizes in truth.values():
+        t = sizes.get(config)
+        if t is None:
+            continue
+        logs = [math.log(r) for r, load in zip(t["round_ratios"], t.get("round_other_load", []))
+                if not quiet_only or (load is not None and load <= quiet)]
+        if len(logs) < 2:
+            continue
+        mean = sum(logs) / len(logs)
+        squares += sum((x - mean) ** 2 for x in logs)
+        n, pairs = n + len(logs), pairs + 1
+    return {"sd": math.sqrt(squares / (n - pairs)) if n > pairs else None, "rounds": n, "pairs": pairs}
 
 
 def judge(preset: dict) -> dict:
@@ -67,6 +87,12 @@ def markdown(state: dict) -> str:
                 longest = f"{found['max_seconds']:.0f} s" if found["max_seconds"] else "-"
                 lines.append(f"| {reg} | {what} | {config} | {t['ratio']:.3f} [{t['ci'][0]:.3f}, {t['ci'][1]:.3f}] "
                              f"({t['rounds']} rounds) | {flagged} | {median} | {longest} |")
+        for config in sorted({c for sizes in preset["truth"].values() for c in sizes}):
+            every, quiet = (pooled_spread(preset["truth"], config, q) for q in (False, True))
+            if every["sd"] and quiet["sd"]:
+                lines.append(f"- {config}: one round's log ratio strays by {every['sd']:.3f} (pooled sd over "
+                             f"{every['pairs']} pairs, {every['rounds']} rounds); over the rounds in which other "
+                             f"processes kept at most 0.2 cores busy, by {quiet['sd']:.3f} ({quiet['rounds']} rounds)")
         same = detections(preset["abs"], "same")
         lines += ["", f"Same against same: {same['flagged']} false alarms in {same['runs']} A/Bs.", ""]
         if preset.get("noise"):
@@ -92,6 +118,9 @@ def write(state: dict, out: Path) -> None:
     """Write the state with its judged goals as JSON to `out`, and the Markdown beside it."""
     for preset in state["presets"].values():
         preset["goals"] = judge(preset)
+        configs = sorted({c for sizes in preset["truth"].values() for c in sizes})
+        preset["round_spread"] = {c: {"all": pooled_spread(preset["truth"], c, False),
+                                      "quiet": pooled_spread(preset["truth"], c, True)} for c in configs}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(state, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(state))
