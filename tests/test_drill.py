@@ -87,10 +87,12 @@ def test_goals_are_judged_against_the_true_size(tmp_path):
     goals = report.judge(preset)
     assert goals["false_alarms"] == {"flagged": 0, "runs": 3}
     m = goals["per_config"]["m"]
-    assert m["goal_met"] is True and [r["regression"] for r in m["must_flag"]] == ["big"]
+    assert m["goal"] == "met" and [r["regression"] for r in m["must_flag"]] == ["big"]
     assert m["smallest_reliably_flagged"]["regression"] == "small"  # 2 of 2, though 1.03 is below the goal's 5%
-    preset["abs"] = preset["abs"][1:]  # 8 of 9 flagged, and fewer than 10 A/Bs: not met
-    assert report.judge(preset)["per_config"]["m"]["goal_met"] is False
+    preset["abs"] = preset["abs"][1:]  # 8 of 9 flagged: fewer than 10 A/Bs, 9 of 10 still possible
+    assert report.judge(preset)["per_config"]["m"]["goal"] == "not measured"
+    preset["abs"] = preset["abs"][1:] + [ab("big", "not significant")]  # 7 of 9: 9 of 10 no longer possible
+    assert report.judge(preset)["per_config"]["m"]["goal"] == "not met"
     state = {"base": "c" * 40, "injections": {"big": "big one", "small": "small one"}, "presets": {"smoke": preset}}
     report.write(state, tmp_path / "drill.json")
     assert "| big | big one | m | 1.120" in (tmp_path / "drill.md").read_text()
