@@ -63,7 +63,12 @@ def interleave(repo: Path, entries: dict[str, tuple[str, bool]], preset: str, ro
     if not session_file.exists():
         session_file.write_text(json.dumps({"session": f"truth-{time.strftime('%Y%m%dT%H%M%S')}", "preset": preset,
                                             "entries": entries}) + "\n")
-    session = json.loads(session_file.read_text())["session"]
+    recorded = json.loads(session_file.read_text())
+    if sorted(recorded["entries"]) != sorted(names):
+        # Rounds of other entries cannot be completed by these: they would mix two designs.
+        raise RuntimeError(f"truth: {folder} holds rounds of {', '.join(sorted(recorded['entries']))}, not of "
+                           f"{', '.join(sorted(names))}; give the drill another --out, or the same regressions")
+    session = recorded["session"]
     commits = {commit for commit, _ in entries.values()}
     with tempfile.TemporaryDirectory(prefix="ddpbench-truth-") as tmp:
         with worktrees(repo, {c: c for c in commits}, Path(tmp)) as trees:
