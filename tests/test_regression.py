@@ -121,7 +121,8 @@ def _slow_down(repo: Path, seconds: float) -> None:
 
 def _ab(repo: Path, base: str, head: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "experiments", "ab", base, head, "--preset", "quick",
-                           "--rounds", "3", "--repo", str(repo)],
+                           "--rounds", "3", "--busy-retries", "0",
+                           "--repo", str(repo)],
                           cwd=repo, capture_output=True, text=True, timeout=600)
 
 
@@ -150,7 +151,7 @@ def test_history_records_plots_and_skips_what_is_recorded(tmp_path, monkeypatch,
     results = tmp_path / "results"
     # The base commit, then the range after it (A..B leaves A out), as a user would list them.
     argv = ["history", "HEAD~2", "HEAD~2..HEAD", "--preset", "quick", "--rounds", "3", "--repo", str(repo),
-            "--results", str(results), "--html", str(tmp_path / "site")]
+            "--results", str(results), "--html", str(tmp_path / "site"), "--busy-retries", "0"]
     assert main(argv) == 0
     folder = results / "history" / machine_name() / "quick"
     closing = {c: history.closing_record(folder / f"{c}.jsonl", "quick") for c in (base, slow, broken)}
@@ -169,7 +170,7 @@ def test_history_records_plots_and_skips_what_is_recorded(tmp_path, monkeypatch,
     assert all(f'href="records/{c}.jsonl"' in site and (tmp_path / "site" / "records" / f"{c}.jsonl").exists()
                for c in (base, slow, broken))
     # Everything is recorded now: a second call measures nothing and only redraws.
-    monkeypatch.setattr(history, "run_round", lambda *a: pytest.fail("measured a recorded commit"))
+    monkeypatch.setattr(history, "run_round", lambda *a, **k: pytest.fail("measured a recorded commit"))
     before = {c: (folder / f"{c}.jsonl").read_bytes() for c in (base, slow, broken)}
     figure.unlink()
     assert main(argv) == 0

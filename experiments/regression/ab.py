@@ -151,6 +151,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, help="A/B rounds (default: the preset's, smoke 8, link 6, paper-cpu 4, quick 3)")
     parser.add_argument("--threshold", type=float, default=0.05)
     parser.add_argument("--confidence", type=float, default=0.99)
+    parser.add_argument("--busy-retries", type=int, default=QUIET_RETRIES,
+                        help=f"runs again a run during which other processes kept more than {QUIET} cores busy, "
+                             f"at most this many times (default {QUIET_RETRIES})")
     parser.add_argument("--keep", type=Path, help="keep the records in this new folder (base.jsonl, head.jsonl)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2], help=argparse.SUPPRESS)
@@ -166,6 +169,8 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= {MIN_PAIRED_ROUNDS} (rounds are "
                               "compared pairwise)")
         check_verdict_options(args.threshold, args.confidence)
+        if args.busy_retries < 0:
+            raise ConfigError(f"--busy-retries={args.busy_retries} is not allowed; it must be >= 0")
         if args.keep and any((args.keep / f"{name}.jsonl").exists() for name in ("base", "head")):
             raise ConfigError(f"--keep={str(args.keep)!r} already holds records; choose a new folder")
         if args.keep:
@@ -186,7 +191,7 @@ def main(args: argparse.Namespace) -> int:
                     print(f"ab round {index + 1}/{rounds}: {name} ({revisions[name][:10]})", file=sys.stderr,
                           flush=True)
                     error = run_round(trees[name], args.preset, out_dir / f"{name}.jsonl",
-                                      {"session": session, "index": index})
+                                      {"session": session, "index": index}, retries=args.busy_retries)
                     if error:
                         print(f"ddpbench ab: the {name} revision ({revisions[name][:10]}) cannot run the "
                               f"{args.preset} preset: {error}", file=sys.stderr)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..config import ConfigError
 from ..records import append_record, machine_name, read_records
-from .ab import PRESETS, git, run_round, worktrees
+from .ab import PRESETS, QUIET, QUIET_RETRIES, git, run_round, worktrees
 from .compare import MARKS, check_verdict_options, compare, describe, pooled_samples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidence", type=float, default=0.99)
     parser.add_argument("--results", type=Path, default=ROOT / "results",
                         help="results folder: history/, figures/ and tables/ under it (default results/)")
+    parser.add_argument("--busy-retries", type=int, default=QUIET_RETRIES,
+                        help=f"runs again a run during which other processes kept more than {QUIET} cores busy, "
+                             f"at most this many times (default {QUIET_RETRIES})")
     parser.add_argument("--html", type=Path, metavar="DIR",
                         help="also write a static, self-contained page here (index.html, records/), as asv publish")
     parser.add_argument("--repo", type=Path, default=ROOT, help=argparse.SUPPRESS)
@@ -80,7 +83,8 @@ def closing_record(path: Path, preset: str) -> dict | None:
     return closing if closing is not None and closing.get("args") == PRESETS[preset]["args"] else None
 
 
-def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Path) -> None:
+def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Path,
+            retries: int = QUIET_RETRIES) -> None:
     """Run the preset on every commit that has no complete record yet, interleaved over rounds."""
     pending = [c for c in commits if closing_record(folder / f"{c}.jsonl", preset) is None]
     if not pending:
@@ -98,7 +102,7 @@ def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Pa
                         continue
                     print(f"history round {index + 1}/{rounds}: {commit[:10]}", file=sys.stderr, flush=True)
                     error = run_round(trees[commit], preset, folder / f"{commit}.jsonl",
-                                      {"session": session, "index": index})
+                                      {"session": session, "index": index}, retries=retries)
                     if error:
                         print(f"history: {commit[:10]} cannot run the {preset} preset; recorded as failed",
                               file=sys.stderr, flush=True)
@@ -202,6 +206,8 @@ def main(args: argparse.Namespace) -> int:
         if rounds < 1:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= 1")
         check_verdict_options(args.threshold, args.confidence)
+        if args.busy_retries < 0:
+            raise ConfigError(f"--busy-retries={args.busy_retries} is not allowed; it must be >= 0")
         commits = resolve(args.revisions, args.repo)
         check_folder(args.results, "results")  # records, table and figure go under it
         if args.html is not None:
@@ -211,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     machine = machine_name()
     folder = args.results / "history" / machine / args.preset
-    measure(commits, folder, args.preset, rounds, args.repo)
+    measure(commits, folder, args.preset, rounds, args.repo, args.busy_retries)
     rows = table_rows(commits, folder, args.repo, args.preset, args.threshold, args.confidence)
     suffix = "" if args.preset == "smoke" else f"-{args.preset}"
     table = args.results / "tables" / f"history-{machine}{suffix}.csv"
