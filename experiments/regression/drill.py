@@ -134,6 +134,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"\nddpbench drill: interrupted; finished rounds and A/Bs are kept ({args.out}); run the same "
               "command again to go on", file=sys.stderr)
         return 130
+    except RuntimeError as error:  # a revision that cannot run the preset, or a truth folder of another design
+        print(f"ddpbench drill: error: {error}", file=sys.stderr)
+        return 1
     print(f"drill: summary in {args.out} and {args.out.with_suffix('.md')}")
     return 0
 

@@ -55,20 +55,17 @@ def interleave(repo: Path, entries: dict[str, tuple[str, bool]], preset: str, ro
     """Run every entry (name -> (commit, each model in processes of its own?)) once per round, shuffled,
     until `folder` holds `rounds` whole rounds; records go to folder/<name>.jsonl."""
     names = list(entries)
+    session_file = folder / "session.json"
+    if session_file.exists():
+        check_session(session_file, entries)
     start = rounds_done(folder, names)
     if start >= rounds:
         return
     folder.mkdir(parents=True, exist_ok=True)
-    session_file = folder / "session.json"
     if not session_file.exists():
         session_file.write_text(json.dumps({"session": f"truth-{time.strftime('%Y%m%dT%H%M%S')}", "preset": preset,
                                             "entries": entries}) + "\n")
-    recorded = json.loads(session_file.read_text())
-    if sorted(recorded["entries"]) != sorted(names):
-        # Rounds of other entries cannot be completed by these: they would mix two designs.
-        raise RuntimeError(f"truth: {folder} holds rounds of {', '.join(sorted(recorded['entries']))}, not of "
-                           f"{', '.join(sorted(names))}; give the drill another --out, or the same regressions")
-    session = recorded["session"]
+    session = json.loads(session_file.read_text())["session"]
     commits = {commit for commit, _ in entries.values()}
     with tempfile.TemporaryDirectory(prefix="ddpbench-truth-") as tmp:
         with worktrees(repo, {c: c for c in commits}, Path(tmp)) as trees:
@@ -89,6 +86,15 @@ def interleave(repo: Path, entries: dict[str, tuple[str, bool]], preset: str, ro
                         append_record(folder / f"{name}.jsonl", record)
                 print(f"truth {preset} round {index + 1}/{rounds}: {len(names)} runs in "
                       f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+
+
+def check_session(session_file: Path, entries: dict[str, tuple[str, bool | None]]) -> None:
+    """Raise RuntimeError unless the recorded session ran exactly these entries on these commits."""
+    recorded = json.loads(session_file.read_text())
+    if {n: c[0] for n, c in recorded["entries"].items()} != {n: c for n, (c, _) in entries.items()}:
+        # Rounds of other entries (or other commits) cannot be completed by these: they would mix two designs.
+        raise RuntimeError(f"truth: {session_file.parent} holds rounds of other entries or commits ({session_file}); give the "
+                           "drill another --out, or the same --base and regressions")
 
 
 def true_sizes(folder: Path, pairs: dict[str, tuple[str, str]]) -> dict[str, dict[str, dict]]:
