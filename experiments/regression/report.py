@@ -33,7 +33,7 @@ def pooled_spread(truth: dict, config: str, quiet_only: bool, quiet: float = 0.2
         t = sizes.get(config)
         if t is None:
             continue
-        logs = [math.log(r) for r, load in zip(t["round_ratios"], t.get("round_other_load", []))
+        logs = [math.log(r) for r, load in zip(t.get("round_ratios") or [], t.get("round_other_load") or [])
                 if not quiet_only or (load is not None and load <= quiet)]
         if len(logs) < 2:
             continue
