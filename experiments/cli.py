@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(run)
     run.add_argument("--trace", type=Path, metavar="DIR", help="write a Chrome/Perfetto trace per config here")
 
-    from . import ab, allreduce, compare, train  # small modules; imported here to keep one parser in one place
+    from . import allreduce, train  # small modules; imported here to keep one parser in one place
+    from .regression import ab, compare
 
     allreduce.add_arguments(sub.add_parser("allreduce", help="all-reduce microbenchmarks (E1 and a size sweep)"))
     train.add_arguments(sub.add_parser("train", help="training loss per iteration for sync-every n (E6)"))
@@ -71,9 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     advise.add_arguments(sub.add_parser("advise", help="how DDP will behave for your model: profile, predict, advise"))
     compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
     ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
-    from . import history
+    from .regression import drill, history
 
     history.add_arguments(sub.add_parser("history", help="latency per commit, recorded and plotted"))
+    drill.add_arguments(sub.add_parser("drill", help="inject regressions, measure their true size, A/B them"))
     from . import network
 
     network.add_arguments(sub.add_parser("network", help="can this machine emulate a cluster (--link)? clean up"))
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     # A polite kill (SIGTERM) unwinds like Ctrl-C, so ranks and emulated networks are removed on the way out.
     signal.signal(signal.SIGTERM, _terminate)
-    from . import ab, allreduce, compare, train
+    from . import allreduce, train
     from .perfmodel import commands as perfmodel
     from .sweep import run_sweep
 
@@ -176,12 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         return advise.main(args)
     if args.command == "scale-profile":
         return perfmodel.scale_main(args)
-    if args.command == "history":
-        from . import history
+    if args.command in ("compare", "ab", "history", "drill"):
+        from .regression import ab, compare, drill, history
 
-        return history.main(args)
-    if args.command in ("compare", "ab"):
-        return (compare if args.command == "compare" else ab).main(args)
+        return {"compare": compare, "ab": ab, "history": history, "drill": drill}[args.command].main(args)
     if args.command == "network":
         from . import network
 

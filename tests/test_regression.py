@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from experiments.cli import main
-from experiments import history
-from experiments.compare import compare
+from experiments.regression import history
+from experiments.regression.compare import compare
 from experiments.records import append_record, machine_name, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +121,8 @@ def _slow_down(repo: Path, seconds: float) -> None:
 
 def _ab(repo: Path, base: str, head: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "experiments", "ab", base, head, "--preset", "quick",
-                           "--rounds", "3", "--repo", str(repo)],
+                           "--rounds", "3", "--busy-retries", "0",
+                           "--repo", str(repo)],
                           cwd=repo, capture_output=True, text=True, timeout=600)
 
 
@@ -150,7 +151,7 @@ def test_history_records_plots_and_skips_what_is_recorded(tmp_path, monkeypatch,
     results = tmp_path / "results"
     # The base commit, then the range after it (A..B leaves A out), as a user would list them.
     argv = ["history", "HEAD~2", "HEAD~2..HEAD", "--preset", "quick", "--rounds", "3", "--repo", str(repo),
-            "--results", str(results)]
+            "--results", str(results), "--html", str(tmp_path / "site"), "--busy-retries", "0"]
     assert main(argv) == 0
     folder = results / "history" / machine_name() / "quick"
     closing = {c: history.closing_record(folder / f"{c}.jsonl", "quick") for c in (base, slow, broken)}
@@ -164,8 +165,12 @@ def test_history_records_plots_and_skips_what_is_recorded(tmp_path, monkeypatch,
     [row] = table[table["commit"] == slow[:10]].to_dict("records")
     assert row["method"] == "paired x3" and row["ratio"] > 1.2  # against the base commit
     assert list(table[table["commit"] == broken[:10]]["status"]) == ["failed"]
+    # The page links each commit's records, copied beside it (tests/test_history_page.py renders one).
+    site = (tmp_path / "site" / "index.html").read_text()
+    assert all(f'href="records/{c}.jsonl"' in site and (tmp_path / "site" / "records" / f"{c}.jsonl").exists()
+               for c in (base, slow, broken))
     # Everything is recorded now: a second call measures nothing and only redraws.
-    monkeypatch.setattr(history, "run_round", lambda *a: pytest.fail("measured a recorded commit"))
+    monkeypatch.setattr(history, "run_round", lambda *a, **k: pytest.fail("measured a recorded commit"))
     before = {c: (folder / f"{c}.jsonl").read_bytes() for c in (base, slow, broken)}
     figure.unlink()
     assert main(argv) == 0

@@ -15,7 +15,8 @@ broken) is recorded as failed after its first failing round.
 Then, for all the given commits: a table (results/tables/history-<machine>.csv) and a figure
 (results/figures/history-<machine>.png; `-<preset>` added for presets other than smoke) of the median
 latency per config with its interquartile range, and compare's verdict of each commit against the
-previous successfully measured one marked. Exit status: 0, or 2 on bad input.
+previous successfully measured one marked; with `--html DIR`, also a static page (page.py).
+Exit status: 0, or 2 on bad input.
 """
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .ab import PRESETS, git, run_round, worktrees
+from ..config import ConfigError
+from ..records import append_record, machine_name, read_records
+from .ab import PRESETS, QUIET, QUIET_RETRIES, git, run_round, worktrees
 from .compare import MARKS, check_verdict_options, compare, describe, pooled_samples
-from .config import ConfigError
-from .records import append_record, machine_name, read_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidence", type=float, default=0.99)
     parser.add_argument("--results", type=Path, default=ROOT / "results",
                         help="results folder: history/, figures/ and tables/ under it (default results/)")
+    parser.add_argument("--busy-retries", type=int, default=QUIET_RETRIES,
+                        help=f"runs again a run during which other processes kept more than {QUIET} cores busy, "
+                             f"at most this many times (default {QUIET_RETRIES})")
+    parser.add_argument("--html", type=Path, metavar="DIR",
+                        help="also write a static, self-contained page here (index.html, records/), as asv publish")
     parser.add_argument("--repo", type=Path, default=ROOT, help=argparse.SUPPRESS)
 
 
@@ -77,7 +83,8 @@ def closing_record(path: Path, preset: str) -> dict | None:
     return closing if closing is not None and closing.get("args") == PRESETS[preset]["args"] else None
 
 
-def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Path) -> None:
+def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Path,
+            retries: int = QUIET_RETRIES) -> None:
     """Run the preset on every commit that has no complete record yet, interleaved over rounds."""
     pending = [c for c in commits if closing_record(folder / f"{c}.jsonl", preset) is None]
     if not pending:
@@ -95,7 +102,7 @@ def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Pa
                         continue
                     print(f"history round {index + 1}/{rounds}: {commit[:10]}", file=sys.stderr, flush=True)
                     error = run_round(trees[commit], preset, folder / f"{commit}.jsonl",
-                                      {"session": session, "index": index})
+                                      {"session": session, "index": index}, retries=retries)
                     if error:
                         print(f"history: {commit[:10]} cannot run the {preset} preset; recorded as failed",
                               file=sys.stderr, flush=True)
@@ -192,21 +199,25 @@ def rows_by_commit(rows: list[dict], commits: list[str]) -> list[dict | None]:
 
 def main(args: argparse.Namespace) -> int:
     """Measure what is missing, then write the table and the figure; 2 on bad input."""
-    from .cli import check_folder  # cli imports this module
+    from ..cli import check_folder  # cli imports this module
 
     rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
     try:
         if rounds < 1:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= 1")
         check_verdict_options(args.threshold, args.confidence)
+        if args.busy_retries < 0:
+            raise ConfigError(f"--busy-retries={args.busy_retries} is not allowed; it must be >= 0")
         commits = resolve(args.revisions, args.repo)
         check_folder(args.results, "results")  # records, table and figure go under it
+        if args.html is not None:
+            check_folder(args.html, "html")
     except ConfigError as error:
         print(f"ddpbench history: error: {error}", file=sys.stderr)
         return 2
     machine = machine_name()
     folder = args.results / "history" / machine / args.preset
-    measure(commits, folder, args.preset, rounds, args.repo)
+    measure(commits, folder, args.preset, rounds, args.repo, args.busy_retries)
     rows = table_rows(commits, folder, args.repo, args.preset, args.threshold, args.confidence)
     suffix = "" if args.preset == "smoke" else f"-{args.preset}"
     table = args.results / "tables" / f"history-{machine}{suffix}.csv"
@@ -225,4 +236,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"{mark} {row['commit']} {row['p50_ms']:8.2f}ms {change:>22}  {row['config'].split()[0]:12} "
               f"{row['subject']}")
     print(f"records in {folder}; table {table}; figure {figure}")
+    if args.html is not None:
+        from . import page
+
+        print(f"page {page.write(rows, commits, folder, args.html, f'ddpbench history, {args.preset} preset, {machine}')}")
     return 0

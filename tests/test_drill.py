@@ -1,0 +1,110 @@
+"""The regression drill's parts, without measuring: injections fit this tree and leave nothing behind,
+the truth run appends whole rounds and resumes, the goals are judged against true sizes, bad input."""
+import contextlib
+import py_compile
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.cli import main
+from experiments.records import append_record, read_records
+from experiments.regression import drill, injections, report, truth
+from tests.test_regression import _scratch_repo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_injection_fits_this_tree_and_compiles(tmp_path):
+    for name in [*injections.INJECTIONS, *injections.VARIANTS]:
+        tree = tmp_path / name
+        for part in ("ddp_core", "experiments"):
+            shutil.copytree(ROOT / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
+        injections.apply(tree, name)
+        changed = {path for path, _, _ in {**injections.INJECTIONS, **injections.VARIANTS}[name][1]}
+        for path in changed:
+            assert (tree / path).read_text() != (ROOT / path).read_text(), (name, path)
+            py_compile.compile(str(tree / path), doraise=True)
+    with pytest.raises(injections.ConfigError, match="does not fit this base commit"):
+        injections.apply(tmp_path / "no-overlap", "no-overlap")  # applied already: its anchor is gone
+
+
+def test_injected_commits_are_reproducible_and_leave_no_worktree_or_branch(tmp_path):
+    repo = _scratch_repo(tmp_path)
+    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    first = injections.commit_injections(repo, base, ["sleep-5", "barrier"])
+    assert first == injections.commit_injections(repo, base, ["sleep-5", "barrier"])  # same hashes again
+    show = subprocess.run(["git", "show", "--stat", first["barrier"]], cwd=repo, capture_output=True, text=True).stdout
+    assert "ddp_core/reducer.py" in show and "drill: adds a barrier" in show
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
+    branches = subprocess.run(["git", "branch", "-a"], cwd=repo, capture_output=True, text=True).stdout
+    assert len(worktrees.splitlines()) == 1 and len(branches.splitlines()) == 1, (worktrees, branches)
+
+
+def test_truth_appends_whole_rounds_shuffled_and_resumes(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_round(tree, preset, out, tag, separate=None):
+        calls.append((tag["index"], out.stem))
+        if len(calls) == 5:  # the second round breaks after its first run: that round is not kept
+            return "broken"
+        slow = 1.1 if out.stem == "slow" else 1.0
+        samples = (0.05 * slow * (1 + 0.01 * np.random.default_rng(len(calls)).standard_normal(20))).tolist()
+        append_record(out, {"kind": "run", "status": "ok", "config": {"model": "m", "bucket_mb": 25.0},
+                            "latency_s": samples, "round": tag})
+
+    @contextlib.contextmanager
+    def fake_trees(repo, commits, parent):
+        yield {c: parent / c for c in commits}
+
+    monkeypatch.setattr(truth, "run_round", fake_round)
+    monkeypatch.setattr(truth, "worktrees", fake_trees)
+    entries = {"base": ("a" * 40, None), "null": ("a" * 40, None), "slow": ("b" * 40, None)}
+    with pytest.raises(RuntimeError, match="broken"):
+        truth.interleave(tmp_path, entries, "smoke", 4, tmp_path / "t")
+    assert truth.rounds_done(tmp_path / "t", list(entries)) == 1
+    assert all(len(read_records(tmp_path / "t" / f"{n}.jsonl")) == 1 for n in entries)
+    truth.interleave(tmp_path, entries, "smoke", 4, tmp_path / "t")  # resumes at round 2 (index 1)
+    assert [i for i, _ in calls[5:]] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    orders = [tuple(n for i, n in calls[5:] if i == k) for k in (1, 2, 3)]
+    assert len(set(orders)) > 1  # shuffled anew each round
+    sizes = truth.true_sizes(tmp_path / "t", {"slow": ("slow", "base"), "same": ("null", "base")})
+    assert sizes["slow"]["m"]["ratio"] == pytest.approx(1.1, abs=0.02) and sizes["slow"]["m"]["rounds"] == 4
+    assert sizes["same"]["m"]["ci"][0] < 1 < sizes["same"]["m"]["ci"][1]
+
+
+def test_goals_are_judged_against_the_true_size(tmp_path):
+    def ab(kind, verdict):
+        return {"kind": kind, "exit": int(verdict == "slower"), "seconds": 200.0,
+                "rows": [{"config": "m", "verdict": verdict, "ratio": 1.0}]}
+
+    truth_of = lambda r: {"m": {"ratio": r, "ci": [r - 0.01, r + 0.01], "rounds": 8, "spread": 0.02}}  # noqa: E731
+    preset = {"truth": {"big": truth_of(1.12), "small": truth_of(1.03), "same": truth_of(1.0)}, "noise": {},
+              "abs": [ab("big", "slower")] * 9 + [ab("big", "not significant")] + [ab("small", "slower")] * 2
+              + [ab("same", "not significant")] * 3}
+    goals = report.judge(preset)
+    assert goals["false_alarms"] == {"flagged": 0, "runs": 3}
+    m = goals["per_config"]["m"]
+    assert m["goal"] == "met" and [r["regression"] for r in m["must_flag"]] == ["big"]
+    assert m["smallest_reliably_flagged"]["regression"] == "small"  # 2 of 2, though 1.03 is below the goal's 5%
+    preset["abs"] = preset["abs"][1:]  # 8 of 9 flagged: fewer than 10 A/Bs, 9 of 10 still possible
+    assert report.judge(preset)["per_config"]["m"]["goal"] == "not measured"
+    preset["abs"] = preset["abs"][1:] + [ab("big", "not significant")]  # 7 of 9: 9 of 10 no longer possible
+    assert report.judge(preset)["per_config"]["m"]["goal"] == "not met"
+    state = {"base": "c" * 40, "injections": {"big": "big one", "small": "small one"}, "presets": {"smoke": preset}}
+    report.write(state, tmp_path / "drill.json")
+    assert "| big | big one | m | 1.120" in (tmp_path / "drill.md").read_text()
+    assert drill.schedule(["x", "y"], 2, 3, {"same": 2, "x": 1}) == ["y", "x", "y", "same"]
+
+
+def test_drill_bad_input_exits_2_before_anything_runs(tmp_path, capsys):
+    for argv, message in ((["--preset", "smoke,nope"], "--preset='nope' is not allowed"),
+                          (["--regressions", "sleep-5,typo"], "--regressions: 'typo' not known"),
+                          (["--steps", "truth,all"], "--steps='all' is not allowed"),
+                          (["--truth-rounds", "2"], "--truth-rounds=2 is not allowed; it must be >= 3"),
+                          (["--base", "nosuch"], "nosuch")):
+        assert main(["drill", *argv, "--out", str(tmp_path / "d.json")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "d.json").exists()
