@@ -350,7 +350,7 @@ def validate(runs: Path, backend: str = "gloo", device: str = "cpu", allreduce: 
         else:
             if machine is None:
                 continue
-            profile = find_profile(records, c)
+            profile = find_profile(records, c, (record.get("env") or {}).get("time"))
             # Over an emulated link: the link's configured rate, never a fit to these runs.
             comm = machine if link == "none" else emulated(machine, link, rate, ranks_per_host)
         if profile is None:

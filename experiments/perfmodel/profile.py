@@ -173,13 +173,27 @@ def config_value(config: dict, key: str):
     return config.get(key, LATER_FIELDS.get(key))
 
 
-def find_profile(records: list[dict], config: dict) -> Profile | None:
-    """The newest profile among `records` whose model, inputs, device and threads match `config`:
-    one measured with as many co-located copies as `config` has ranks, else a one-copy profile."""
-    matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok"
+def find_profile(records: list[dict], config: dict, measured_at: str | None = None) -> Profile | None:
+    """The measured profile among `records` whose model, inputs, device and threads match `config`:
+    one measured with as many co-located copies as `config` has ranks, else a one-copy profile; the
+    newest, or with `measured_at` (a record's env time) the one measured nearest to it, since this
+    machine's speed drifts between days. Profiles scaled to a GPU (`scaled_to`) are never picked."""
+    matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok" and "scaled_to" not in r
                and all(config_value(r["config"], k) == config_value(config, k) for k in PROFILE_KEYS)]
     for copies in (config["world_size"], 1):
         same = [r for r in matches if r["config"]["world_size"] == copies]
+        if same and measured_at is not None:
+            same = sorted(same, key=lambda r: abs(_seconds(r) - _seconds({"env": {"time": measured_at}})),
+                          reverse=True)
         if same:
             return Profile.from_record(same[-1])
     return None
+
+
+def _seconds(record: dict) -> float:
+    """A record's measurement time (env.time, UTC) in seconds; 0 where it has none."""
+    import calendar
+    import time
+
+    stamp = (record.get("env") or {}).get("time")
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) if stamp else 0.0
