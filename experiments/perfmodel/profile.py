@@ -180,13 +180,12 @@ def find_profile(records: list[dict], config: dict, measured_at: str | None = No
     machine's speed drifts between days. Profiles scaled to a GPU (`scaled_to`) are never picked."""
     matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok" and "scaled_to" not in r
                and all(config_value(r["config"], k) == config_value(config, k) for k in PROFILE_KEYS)]
+    target = _seconds({"env": {"time": measured_at}}) if measured_at is not None else None
     for copies in (config["world_size"], 1):
         same = [r for r in matches if r["config"]["world_size"] == copies]
-        if same and measured_at is not None:
-            same = sorted(same, key=lambda r: abs(_seconds(r) - _seconds({"env": {"time": measured_at}})),
-                          reverse=True)
         if same:
-            return Profile.from_record(same[-1])
+            chosen = same[-1] if target is None else min(reversed(same), key=lambda r: abs(_seconds(r) - target))
+            return Profile.from_record(chosen)
     return None
 
 
