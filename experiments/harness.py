@@ -20,7 +20,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import ddp_core
-from ddp_core.hooks import HOOKS
 
 from .amp import FULL, Precision
 from .config import RunConfig
@@ -95,15 +94,17 @@ def rank_device(rank: int, device_type: str) -> torch.device:
     return device
 
 
-def wrap(model: torch.nn.Module, config: RunConfig, device: torch.device, group=None) -> torch.nn.Module:
-    """Wrap `model` in the DDP implementation the config names (over `group`, default: all ranks)."""
+def wrap(model: torch.nn.Module, config: RunConfig, device: torch.device, group=None,
+         ddp_module: ModuleType = ddp_core) -> torch.nn.Module:
+    """Wrap `model` in the DDP implementation the config names (over `group`, default: all ranks);
+    `ddp_module`: which copy of the ddp_core package (an interleaved A/B loads one per revision)."""
     device_ids = [device] if device.type == "cuda" else None
-    hook = HOOKS.get(config.comm_hook)
+    hook = ddp_module.hooks.HOOKS.get(config.comm_hook)
     if config.impl == "torch":
         ddp = TorchDDP(model, device_ids=device_ids, process_group=group, bucket_cap_mb=config.bucket_mb)
     else:
-        groups = ddp_core.new_round_robin_groups(config.process_groups) if config.process_groups > 1 else group
-        ddp = ddp_core.DistributedDataParallel(model, device_ids=device_ids, process_group=groups,
+        groups = ddp_module.new_round_robin_groups(config.process_groups) if config.process_groups > 1 else group
+        ddp = ddp_module.DistributedDataParallel(model, device_ids=device_ids, process_group=groups,
                                                bucket_cap_mb=config.bucket_mb, overlap=config.impl == "ddp_core")
     if hook is not None:
         ddp.register_comm_hook(None, hook)
@@ -147,9 +148,10 @@ class Trainee:
     compute: dict | None = None  # emulated compute: which profile the stand-in replays
 
 
-def build(rank: int, config: RunConfig, group=None) -> Trainee:
-    """Build this rank's model, wrapper (over `group`, default: all ranks), optimizer and synthetic
-    batch (the same batch every iteration, so that making data never counts as training time)."""
+def build(rank: int, config: RunConfig, group=None, ddp_module: ModuleType = ddp_core) -> Trainee:
+    """Build this rank's model, wrapper (over `group`, default: all ranks; from `ddp_module`, see wrap),
+    optimizer and synthetic batch (the same batch every iteration, so that making data never counts as
+    training time)."""
     device = rank_device(rank, config.device)
     torch.manual_seed(config.seed)
     family = load_workload(config.model, config.model_config, config.image_size, config.seq_len,
@@ -158,11 +160,11 @@ def build(rank: int, config: RunConfig, group=None) -> Trainee:
     if config.compute == "emulated":  # a stand-in with the model's parameters that waits for the profiled times
         compute = emulated.load_compute_profile(config.compute_profile, config.model, config.world_size)
         family, model = emulated, emulated.build_stand_in(builder, compute, config.time_dilation, device)
-        ddp = model.wrapper = wrap(model, config, device, group)
+        ddp = model.wrapper = wrap(model, config, device, group, ddp_module)
         optimizer = emulated.StandInOptimizer(compute.profile, config.time_dilation)
     else:
         model = builder().to(device)
-        ddp = wrap(model, config, device, group)
+        ddp = wrap(model, config, device, group, ddp_module)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
     generator = torch.Generator().manual_seed(config.seed * 1000 + rank)
     batch = {k: v.to(device) for k, v in

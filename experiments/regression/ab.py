@@ -22,32 +22,38 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..records import SchemaError, append_record, read_records
+from ..launch import RankFailed, RanksTimedOut
+from . import interleaved
 from .compare import MIN_PAIRED_ROUNDS, check_verdict_options, compare, format_table
 
-# preset -> the `ddpbench run` arguments (without --out) and the default number of A/B rounds
+# preset -> the `ddpbench run` arguments (without --out), the default number of A/B rounds in fresh
+# processes, and the measured seconds per config of an interleaved A/B (see interleaved.py)
 PRESETS = {
     # tiny models: the whole A/B ends within 5 minutes on 2 cores. Sequence length 64, not 16: run alone,
     # bert-tiny's median moved by up to 30% from one process to the next at 16, by 1% at 64 (after
     # resnet-tiny in the same processes it still moves by 10-25%; see the README's validation).
-    "smoke": {"rounds": 8, "args": ["--model", "resnet-tiny,bert-tiny", "--world-size", "2", "--image-size", "16",
+    "smoke": {"rounds": 8, "seconds": 20, "args": ["--model", "resnet-tiny,bert-tiny", "--world-size", "2", "--image-size", "16",
                                     "--seq-len", "64", "--batch-size", "4", "--iters", "30", "--warmup", "5",
                                     "--threads", "1"]},
     # one tiny model and few iterations: for tests and for trying the tools, too short to trust
-    "quick": {"rounds": 3, "args": ["--model", "bert-tiny", "--world-size", "2", "--seq-len", "16", "--batch-size", "4",
+    "quick": {"rounds": 3, "seconds": 3, "args": ["--model", "bert-tiny", "--world-size", "2", "--seq-len", "16", "--batch-size", "4",
                                     "--iters", "10", "--warmup", "2", "--threads", "1"]},
     # resnet-tiny on 2 emulated hosts behind a 2.5 Gbit/s link, where communication is about 60% of an
     # iteration (measured: 78 of 123 ms without overlap): the regressions that only show where
     # communication matters (overlap lost, smaller buckets). Needs root (`ddpbench network --check`).
-    "link": {"rounds": 6, "args": ["--model", "resnet-tiny", "--world-size", "2", "--image-size", "16",
+    "link": {"rounds": 6, "seconds": 30, "args": ["--model", "resnet-tiny", "--world-size", "2", "--image-size", "16",
                                    "--batch-size", "4", "--iters", "20", "--warmup", "3", "--threads", "1",
                                    "--link", "2.5gbit"]},
     # the paper's models at the CPU input sizes of the main job
-    "paper-cpu": {"rounds": 4, "args": ["--model", "resnet50,bert-base", "--world-size", "2", "--image-size", "32",
+    "paper-cpu": {"rounds": 4, "seconds": 60, "args": ["--model", "resnet50,bert-base", "--world-size", "2", "--image-size", "32",
                                         "--seq-len", "16", "--batch-size", "2", "--iters", "10", "--warmup", "3",
                                         "--threads", "1"]},
 }
 
 
+# The default threshold per mode: an interleaved A/B's interval is narrow enough (about +-3% at 99%)
+# that a 5% slowdown clears a 3% threshold; rounds in fresh processes are far noisier.
+THRESHOLDS = {"iterations": 0.03, "processes": 0.05}
 QUIET = 0.2  # cores other processes may keep busy before ab calls the machine not quiet
 # A run on a busy machine is measured again this many times at most: in the drill's truth runs, runs
 # during which other processes kept 0.4-0.8 cores busy were the outliers of the per-round ratios.
@@ -148,8 +154,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("base_rev", help="the revision to compare against (e.g. HEAD~1, a tag, a hash)")
     parser.add_argument("head_rev", nargs="?", default="HEAD", help="the revision under test (default HEAD)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="smoke")
-    parser.add_argument("--rounds", type=int, help="A/B rounds (default: the preset's, smoke 8, link 6, paper-cpu 4, quick 3)")
-    parser.add_argument("--threshold", type=float, default=0.05)
+    parser.add_argument("--interleave", choices=("iterations", "processes"), default="iterations",
+                        help="iterations (default): both revisions' ddp_core in one set of processes, taking turns "
+                             "every few iterations (interleaved.py; only ddp_core may differ); processes: each "
+                             "round runs each revision whole, in fresh processes (any change, much noisier)")
+    parser.add_argument("--rounds", type=int, help="A/B rounds: blocks of turns with --interleave iterations (default "
+                                                   "the preset's), else runs of each revision (smoke 8, link 6, "
+                                                   "paper-cpu 4, quick 3)")
+    parser.add_argument("--seconds", type=float, help="measured seconds per config with --interleave iterations "
+                                                      "(default: the preset's, smoke 20, link 30, paper-cpu 60, quick 3)")
+    parser.add_argument("--threshold", type=float,
+                        help=f"relative slowdown that counts (default {THRESHOLDS['iterations']} with --interleave "
+                             f"iterations, {THRESHOLDS['processes']} with processes)")
     parser.add_argument("--confidence", type=float, default=0.99)
     parser.add_argument("--busy-retries", type=int, default=QUIET_RETRIES,
                         help=f"runs again a run during which other processes kept more than {QUIET} cores busy, "
@@ -164,11 +180,15 @@ def main(args: argparse.Namespace) -> int:
     from ..cli import check_folder  # cli imports this module
 
     rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
+    measure_s = args.seconds if args.seconds is not None else PRESETS[args.preset]["seconds"]
+    threshold = args.threshold if args.threshold is not None else THRESHOLDS[args.interleave]
     try:
+        if not measure_s > 0:
+            raise ConfigError(f"--seconds={measure_s} is not allowed; it must be > 0")
         if rounds < MIN_PAIRED_ROUNDS:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= {MIN_PAIRED_ROUNDS} (rounds are "
                               "compared pairwise)")
-        check_verdict_options(args.threshold, args.confidence)
+        check_verdict_options(threshold, args.confidence)
         if args.busy_retries < 0:
             raise ConfigError(f"--busy-retries={args.busy_retries} is not allowed; it must be >= 0")
         if args.keep and any((args.keep / f"{name}.jsonl").exists() for name in ("base", "head")):
@@ -186,7 +206,16 @@ def main(args: argparse.Namespace) -> int:
         out_dir = args.keep or Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
         with worktrees(args.repo, revisions, Path(tmp)) as trees:
-            for index in range(rounds):
+            if args.interleave == "iterations":
+                print(f"ab: {args.preset} preset, both revisions' ddp_core in one set of processes per config, "
+                      f"taking turns iteration by iteration for about {measure_s:g} s", file=sys.stderr, flush=True)
+                try:
+                    interleaved.run(trees, PRESETS[args.preset]["args"], measure_s, out_dir, session)
+                except (ConfigError, RankFailed, RanksTimedOut) as error:
+                    print(f"ddpbench ab: the revisions cannot run the {args.preset} preset interleaved: {error}",
+                          file=sys.stderr)
+                    return 2
+            for index in range(rounds if args.interleave == "processes" else 0):
                 for name in ("base", "head") if index % 2 == 0 else ("head", "base"):
                     print(f"ab round {index + 1}/{rounds}: {name} ({revisions[name][:10]})", file=sys.stderr,
                           flush=True)
@@ -196,15 +225,18 @@ def main(args: argparse.Namespace) -> int:
                         print(f"ddpbench ab: the {name} revision ({revisions[name][:10]}) cannot run the "
                               f"{args.preset} preset: {error}", file=sys.stderr)
                         return 2
-        rows = compare(out_dir / "base.jsonl", out_dir / "head.jsonl", args.threshold, args.confidence)
+        rows = compare(out_dir / "base.jsonl", out_dir / "head.jsonl", threshold, args.confidence)
         other = other_load([out_dir / "base.jsonl", out_dir / "head.jsonl"])
     seconds = time.monotonic() - started
+    how = f"{rounds} rounds" if args.interleave == "processes" else "interleaved iteration by iteration"
     if args.json:
         print(json.dumps({"base": revisions["base"], "head": revisions["head"], "preset": args.preset,
-                          "rounds": rounds, "seconds": seconds, "other_load": other, "rows": rows}, indent=1))
+                          "interleave": args.interleave, "threshold": threshold,
+                          "rounds": rounds if args.interleave == "processes" else None, "seconds": seconds,
+                          "other_load": other, "rows": rows}, indent=1))
     else:
         print(f"base {args.base_rev} ({revisions['base'][:10]}) -> head {args.head_rev} ({revisions['head'][:10]}), "
-              f"{args.preset} preset, {rounds} rounds in {seconds:.0f} s")
+              f"{args.preset} preset, {how} in {seconds:.0f} s, threshold {threshold:.0%}")
         print(format_table(rows))
         if other:
             noisy = "; the machine was not quiet, so the intervals are wider" if other["max"] > QUIET else ""

@@ -20,25 +20,28 @@ from .ab import git
 REDUCER, DISTRIBUTED = "ddp_core/reducer.py", "ddp_core/distributed.py"
 # The end of the reducer's end-of-backward callback: every all-reduce has completed and been written back.
 END_OF_BACKWARD = "        self._locally_used = [False] * len(self.params)\n"
-SLEEP = """        _time = __import__('time')
-        if getattr(self, '_drill_mark', None) is not None:  # drill: sleep {f:.0%} of the time since the last sleep
-            _time.sleep({f} * (_time.perf_counter() - self._drill_mark))
-        self._drill_mark = _time.perf_counter()
+SLEEP = """        _time = __import__('time')  # drill: sleep {f:.0%} of this iteration's forward and backward so far
+        _time.sleep({f} * (_time.perf_counter() - self._drill_mark))
 """
+# Where the sleep's iteration starts: the wrapper's forward (anything before it, even another model's
+# iteration in an interleaved A/B, does not count).
+FORWARD_START = "        self.reducer.maybe_rebuild_buckets()\n"
+MARK = "        self.reducer._drill_mark = __import__('time').perf_counter()  # drill\n"
 LAUNCH = "bucket.future = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()"
 WAIT_START = "        if not self.overlap:\n            self._launch_complete_buckets()"
 COPY_AT = "        if grad is None:\n            view.zero_()"
 
 
 def _sleep(fraction: float) -> list[tuple[str, str, str]]:
-    return [(REDUCER, END_OF_BACKWARD, SLEEP.format(f=fraction) + END_OF_BACKWARD)]
+    return [(DISTRIBUTED, FORWARD_START, MARK + FORWARD_START),
+            (REDUCER, END_OF_BACKWARD, SLEEP.format(f=fraction) + END_OF_BACKWARD)]
 
 
 # name -> (what a commit like it would do, its edits)
 INJECTIONS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
-    "sleep-2": ("sleeps 2% of each iteration at the end of backward", _sleep(0.02)),
-    "sleep-5": ("sleeps 5% of each iteration at the end of backward", _sleep(0.05)),
-    "sleep-10": ("sleeps 10% of each iteration at the end of backward", _sleep(0.10)),
+    "sleep-2": ("sleeps 2% of forward and backward at the end of backward", _sleep(0.02)),
+    "sleep-5": ("sleeps 5% of forward and backward at the end of backward", _sleep(0.05)),
+    "sleep-10": ("sleeps 10% of forward and backward at the end of backward", _sleep(0.10)),
     "no-overlap": ("loses the overlap: buckets are all-reduced only after backward",
                    [(DISTRIBUTED, "first_bucket_cap_mb=first_bucket_cap_mb, overlap=overlap,",
                      "first_bucket_cap_mb=first_bucket_cap_mb, overlap=False,")]),

@@ -1,0 +1,125 @@
+"""Interleaved A/B: several revisions' ddp_core in the same processes, taking turns every few iterations.
+
+Why: on a shared machine a set of processes runs 10-30% faster or slower than the next set (the
+cores' frequency, the host's other tenants; the drill's truth run at fe40d85 saw forward alone move
+from 6.5 to 13.7 ms between process sets of the same commit). A/B rounds in fresh processes carry
+that drift into every round's ratio. Here both revisions run in one set of processes, and their
+turns alternate within seconds, so the drift hits both alike.
+
+How: each revision's `ddp_core` package is imported from its worktree under a name of its own
+(`ddp_core_<entry>`); each rank builds one replica of the config's model per entry (same seed, same
+batch) wrapped in that entry's DistributedDataParallel. Then `blocks` blocks: in each, every entry
+takes one turn of `1 + block_iters` iterations, in an order shuffled anew per block (the same on
+every rank, so collectives match). The first iteration of a turn is not measured: it re-warms the
+caches the other entries' turns evicted. Each block is a round: records are tagged with the block
+index, so that compare pairs the entries block by block (stats.paired_ratio).
+
+What it measures: only ddp_core differs between entries; the harness, the models and torch are this
+tree's. A commit that changes anything else needs `ddpbench ab --interleave processes`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import random
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+from ..config import ConfigError, RunConfig
+
+MIN_BLOCKS = 20  # however slow the config: fewer pairs than this say little
+
+
+def load_ddp_core(tree: Path, alias: str) -> ModuleType:
+    """Import `tree`/ddp_core as the package `alias` (its relative imports resolve inside it)."""
+    if alias in sys.modules:
+        return sys.modules[alias]
+    package = Path(tree) / "ddp_core"
+    spec = importlib.util.spec_from_file_location(alias, package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    if spec is None:
+        raise ImportError(f"no ddp_core package in {tree}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[alias] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[alias]
+        raise
+    return module
+
+
+def measure_entries(rank: int, world_size: int, fields: dict, trees: dict[str, str], seconds: float,
+                    seed: str) -> dict[str, list[float]]:
+    """On one rank: build a replica per entry (name -> worktree), warm each up, then run blocks of one
+    iteration per entry, in an order shuffled per block, for about `seconds` of measured iterations.
+    Returns entry -> the seconds of its iteration in each block (the slowest rank's, gathered)."""
+    import torch.distributed as dist
+
+    from .. import harness
+
+    config = RunConfig(**fields)
+    trainees = {name: harness.build(rank, config, ddp_module=load_ddp_core(Path(tree), f"ddp_core_{name}"))
+                for name, tree in trees.items()}
+    clock = harness.Clock(trainees[next(iter(trainees))].device)
+
+    def iteration(t) -> float:
+        clock.start()
+        harness.train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark, t.precision)
+        return clock.seconds()["optimizer"]
+
+    last_warm = [[iteration(t) for _ in range(config.warmup)][-1] for t in trainees.values()]
+    # How many blocks fit in `seconds`: rank 0's warm-up says, every rank follows (collectives must match).
+    blocks = [max(MIN_BLOCKS, round(seconds / sum(last_warm)))]
+    dist.broadcast_object_list(blocks, src=0)
+    local: dict[str, list[float]] = {name: [] for name in trainees}
+    for block in range(blocks[0]):
+        for name in random.Random(f"{seed}-{block}").sample(list(trainees), len(trainees)):
+            local[name].append(iteration(trainees[name]))
+    # An iteration takes as long as its slowest rank: gather every entry's times in one go.
+    slowest = harness.slowest_per_iteration([s for name in trainees for s in local[name]])
+    return {name: slowest[i * blocks[0]:(i + 1) * blocks[0]] for i, name in enumerate(trainees)}
+
+
+def preset_configs(args: list[str]) -> list[RunConfig]:
+    """The configs of a preset's `ddpbench run` arguments; ConfigError for one an interleaved A/B cannot
+    run (only ddp_core differs between its entries)."""
+    from ..cli import build_parser, resolve_run_configs
+    from ..config import validate
+
+    configs = resolve_run_configs(build_parser().parse_args(["run", *args, "--out", "unused.jsonl"]))
+    for config in configs:
+        validate(config)
+        if config.impl not in ("ddp_core", "ddp_core_nooverlap") or config.compute != "real":
+            raise ConfigError(f"impl={config.impl!r}, compute={config.compute!r}: an interleaved A/B measures "
+                              "ddp_core with real compute only; use --interleave processes")
+    return configs
+
+
+def run(trees: dict[str, Path], args: list[str], seconds: float, out_dir: Path, session: str,
+        timeout: float = 900.0) -> None:
+    """Run every config of the preset arguments `args` once, all entries interleaved in one set of
+    processes per config for about `seconds` of measured iterations; append each entry's iterations to
+    out_dir/<entry>.jsonl, one record per block, as rounds of `session`
+    (with `other_load`, the cores other processes kept busy meanwhile). Raises RankFailed /
+    RanksTimedOut (a revision that cannot run) and ConfigError."""
+    from ..launch import RankPool
+    from ..records import append_record
+    from .ab import cpu_seconds
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for config in preset_configs(args):
+        before, started = cpu_seconds(), time.monotonic()
+        with RankPool(config.world_size, backend=config.backend, threads=config.threads, timeout=timeout,
+                      link=config.link, ranks_per_host=config.ranks_per_host) as pool:
+            per_rank = pool.run(measure_entries, (dataclasses.asdict(config), {n: str(t) for n, t in trees.items()},
+                                                  seconds, session), timeout=timeout)
+        after, wall = cpu_seconds(), time.monotonic() - started
+        other = None if before is None else max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
+        for name, times in per_rank[0].items():
+            for index, latency in enumerate(times):
+                append_record(out_dir / f"{name}.jsonl", {
+                    "kind": "run", "status": "ok", "config": dataclasses.asdict(config), "latency_s": [latency],
+                    "round": {"session": session, "index": index, "other_load": other, "interleaved": True}})
