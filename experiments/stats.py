@@ -84,7 +84,13 @@ def paired_ratio(numerator_rounds: list[list[float]], denominator_rounds: list[l
     with a t confidence interval on the log ratios (needs at least two rounds)."""
     if len(numerator_rounds) != len(denominator_rounds) or len(numerator_rounds) < 2:
         raise ValueError("paired_ratio needs the same number (>= 2) of numerator and denominator rounds")
-    logs = np.log([np.median(n) / np.median(d) for n, d in zip(numerator_rounds, denominator_rounds)])
+    return geometric_mean_ratio([np.median(n) / np.median(d) for n, d in zip(numerator_rounds, denominator_rounds)],
+                                confidence)
+
+
+def geometric_mean_ratio(ratios: list[float], confidence: float = 0.99) -> dict:
+    """The geometric mean of independent ratios, with a t confidence interval on their logs (>= 2)."""
+    logs = np.log(ratios)
     ci = ttest_1samp(logs, 0.0).confidence_interval(confidence)
     return {"ratio": float(np.exp(logs.mean())), "ci": [float(np.exp(ci.low)), float(np.exp(ci.high))],
             "confidence": confidence, "round_ratios": np.exp(logs).tolist()}

@@ -1,13 +1,15 @@
 """`ddpbench drill`: does the gate catch the regressions DDP commits really make?
 
 For each preset: the injections (see injections.py) are committed as throwaway commits on the base
-commit; their true sizes are measured apart from the gate (truth.py: a long interleaved run of the
-base, a second copy of the base and every injected commit); then `ddpbench ab` runs `--repeats` times
+commit; their true sizes are measured apart from the gate (truth.py: long interleaved runs of the
+base, a second copy of the base and every injected commit, in several fresh sets of processes); then `ddpbench ab` runs `--repeats` times
 against each injected commit and `--same` times against the base itself, taking turns, each A/B
 under the measurement lock. Detection is judged against the true size: the goal is that every
 regression at least 5% slower in truth is flagged in 9 of 10 A/Bs. Steps:
 
-- `truth`: the interleaved run (`--truth-rounds` rounds; resumes at the first unfinished round);
+- `truth`: `--truth-rounds` fresh sets of processes, each running the base, a second copy of it and
+  every injected commit interleaved iteration by iteration (truth.in_processes; resumes at the first
+  unfinished round);
 - `noise`: same-against-same ratios of instrument variants (each model in processes of its own,
   ranks pinned to cores) beside the current instrument, interleaved the same way;
 - `ab`: the A/Bs, resumed from the JSON (each kind until it has its count).
@@ -32,7 +34,7 @@ from ..records import machine_name
 from . import report
 from .ab import PRESETS, git, run_commands
 from .injections import INJECTIONS, check_names, commit_injections
-from .truth import interleave, true_sizes
+from .truth import in_processes, interleave, true_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("truth", "noise", "ab")
@@ -46,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--regressions", default=",".join(INJECTIONS),
                         help=f"comma-separated, of {', '.join(INJECTIONS)} (default: all)")
     parser.add_argument("--steps", default="truth,ab", help=f"comma-separated, of {', '.join(STEPS)} (default truth,ab)")
-    parser.add_argument("--truth-rounds", type=int, default=10, help="rounds of the truth run (default 10)")
+    parser.add_argument("--truth-rounds", type=int, default=4,
+                        help="rounds of the truth run: fresh process sets, each interleaving every commit (default 4)")
     parser.add_argument("--repeats", type=int, default=10, help="A/Bs against each regression (default 10)")
     parser.add_argument("--same", type=int, default=20, help="A/Bs of the base against itself (default 20)")
     parser.add_argument("--lock", default=LOCK, help=f"flock file held per round and per A/B ('' for none; default {LOCK})")
@@ -150,8 +153,8 @@ def run_steps(args: argparse.Namespace, state: dict, presets: list[str], names: 
         mine = state["presets"].setdefault(preset, {"truth": {}, "noise": {}, "abs": []})
         if "truth" in steps:
             folder = raw / preset / "truth"
-            entries = {"base": (base, None), "null": (base, None), **{n: (c, None) for n, c in commits.items()}}
-            interleave(args.repo, entries, preset, args.truth_rounds, folder, args.lock)
+            entries = {"base": base, "null": base, **commits}
+            in_processes(args.repo, entries, preset, args.truth_rounds, folder, args.lock)
             mine["truth"] = true_sizes(folder, {"same": ("null", "base"), **{n: (n, "base") for n in names}})
             save()
         if "noise" in steps:

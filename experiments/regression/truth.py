@@ -1,10 +1,17 @@
 """Ground truth: how much slower a commit really is, measured apart from the gate.
 
-Many rounds; in each, every entry (a commit, run with the preset in fresh processes) runs once, in
-an order shuffled anew each round, so that drift of the machine and the position in a round hit
-every entry alike. The true size of entry X against entry B is the geometric mean over rounds of
-median(X)/median(B), with a 95% t interval over rounds (compare's paired ratio). Two entries of the
-same commit ("base" and "null") give the spread of a same-against-same ratio under the same design.
+Many rounds; in each, every entry (a commit) runs once, and the true size of entry X against entry B
+is the geometric mean over rounds of each round's ratio X/B, with a 95% t interval over rounds. Two
+entries of the same commit ("base" and "null") give the spread of a same-against-same ratio under the
+same design. Two designs of a round:
+
+- `in_processes` (the drill's truth): a fresh set of processes in which every entry's ddp_core runs
+  interleaved iteration by iteration (interleaved.py) for a while; the round's ratio is its paired
+  ratio over blocks. Far longer than an A/B and with every regression at once, and the rounds are
+  separate process sets, so a bias of one set (which replica came first, memory layout) shows as
+  spread between rounds instead of hiding in the blocks.
+- `interleave` (the noise trial): every entry runs the preset in fresh processes once, in an order
+  shuffled anew each round; the round's ratio is median(X)/median(B).
 
 A round runs under the measurement lock (if given) and its records are appended only once the whole
 round has finished, so an interrupted session resumes at the first unfinished round.
@@ -23,7 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from ..records import append_record, read_records
-from .ab import QUIET, run_round, worktrees
+from ..stats import geometric_mean_ratio
+from . import interleaved
+from .ab import PRESETS, QUIET, run_round, worktrees
 from .compare import compare
 
 TRUTH_CONFIDENCE = 0.95
@@ -43,11 +52,60 @@ def measurement_lock(path: str | None):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def round_of(record: dict):
+    """Which round a record belongs to: an interleaved round is a session of its own, whose blocks are
+    its indices; otherwise one session holds the rounds as its indices."""
+    tag = record["round"]
+    return tag["session"] if tag.get("interleaved") else tag["index"]
+
+
 def rounds_done(folder: Path, names: list[str]) -> int:
     """How many whole rounds `folder` holds for every entry (rounds are appended whole)."""
-    counts = [len({r["round"]["index"] for r in read_records(folder / f"{n}.jsonl") if r.get("kind") == "run"})
+    counts = [len({round_of(r) for r in read_records(folder / f"{n}.jsonl") if r.get("kind") == "run"})
               if (folder / f"{n}.jsonl").exists() else 0 for n in names]
     return min(counts, default=0)
+
+
+def in_processes(repo: Path, entries: dict[str, str], preset: str, rounds: int, folder: Path,
+                 lock: str | None = None, seconds: float | None = None) -> None:
+    """Run every entry (name -> commit) interleaved in one fresh set of processes per round and config,
+    for `seconds` (default: 3x the preset's A/B) of measured iterations each, until `folder` holds
+    `rounds` whole rounds; records go to folder/<name>.jsonl."""
+    seconds = seconds or 3 * PRESETS[preset]["seconds"]
+    session, start = _start_session(folder, {n: (c, None) for n, c in entries.items()}, preset)
+    if start >= rounds:
+        return
+    with tempfile.TemporaryDirectory(prefix="ddpbench-truth-") as tmp:
+        with worktrees(repo, {c: c for c in set(entries.values())}, Path(tmp)) as trees:
+            for index in range(start, rounds):
+                staged, started = Path(tmp) / f"round-{index}", time.monotonic()
+                with measurement_lock(lock):
+                    # (names are shuffled per block inside; one set of processes holds them all)
+                    interleaved.run({n: trees[c] for n, c in entries.items()}, PRESETS[preset]["args"], seconds,
+                                    staged, f"{session}-round{index}")
+                _append_round(staged, folder, list(entries))
+                print(f"truth {preset} round {index + 1}/{rounds}: {len(entries)} entries interleaved in "
+                      f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+
+
+def _start_session(folder: Path, entries: dict[str, tuple[str, bool | None]], preset: str) -> tuple[str, int]:
+    """The session of the rounds in `folder` (made if new; RuntimeError if of other entries) and how
+    many whole rounds it holds."""
+    session_file = folder / "session.json"
+    if session_file.exists():
+        check_session(session_file, entries)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not session_file.exists():
+        session_file.write_text(json.dumps({"session": f"truth-{time.strftime('%Y%m%dT%H%M%S')}", "preset": preset,
+                                            "entries": entries}) + "\n")
+    return json.loads(session_file.read_text())["session"], rounds_done(folder, list(entries))
+
+
+def _append_round(staged: Path, folder: Path, names: list[str]) -> None:
+    """Append a finished round's records (the whole round, or nothing)."""
+    for name in names:
+        for record in read_records(staged / f"{name}.jsonl"):
+            append_record(folder / f"{name}.jsonl", record)
 
 
 def interleave(repo: Path, entries: dict[str, tuple[str, bool]], preset: str, rounds: int, folder: Path,
@@ -55,17 +113,9 @@ def interleave(repo: Path, entries: dict[str, tuple[str, bool]], preset: str, ro
     """Run every entry (name -> (commit, each model in processes of its own?)) once per round, shuffled,
     until `folder` holds `rounds` whole rounds; records go to folder/<name>.jsonl."""
     names = list(entries)
-    session_file = folder / "session.json"
-    if session_file.exists():
-        check_session(session_file, entries)
-    start = rounds_done(folder, names)
+    session, start = _start_session(folder, entries, preset)
     if start >= rounds:
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    if not session_file.exists():
-        session_file.write_text(json.dumps({"session": f"truth-{time.strftime('%Y%m%dT%H%M%S')}", "preset": preset,
-                                            "entries": entries}) + "\n")
-    session = json.loads(session_file.read_text())["session"]
     commits = {commit for commit, _ in entries.values()}
     with tempfile.TemporaryDirectory(prefix="ddpbench-truth-") as tmp:
         with worktrees(repo, {c: c for c in commits}, Path(tmp)) as trees:
@@ -81,9 +131,7 @@ def interleave(repo: Path, entries: dict[str, tuple[str, bool]], preset: str, ro
                                           {"session": session, "index": index}, separate=separate)
                         if error:
                             raise RuntimeError(f"truth: {name} ({commit[:10]}) cannot run the {preset} preset: {error}")
-                for name in names:  # the whole round, or nothing
-                    for record in read_records(staged / f"{name}.jsonl"):
-                        append_record(folder / f"{name}.jsonl", record)
+                _append_round(staged, folder, names)
                 print(f"truth {preset} round {index + 1}/{rounds}: {len(names)} runs in "
                       f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
@@ -99,35 +147,42 @@ def check_session(session_file: Path, entries: dict[str, tuple[str, bool | None]
 
 def true_sizes(folder: Path, pairs: dict[str, tuple[str, str]]) -> dict[str, dict[str, dict]]:
     """label -> config model -> ratio, 95% interval, rounds, per-round ratios and their spread (the
-    standard deviation of the log ratios), for each (numerator, denominator) entry pair."""
+    standard deviation of the log ratios), for each (numerator, denominator) entry pair. A round's
+    ratio is compare's: paired over the blocks of an interleaved round, median over median otherwise."""
     sizes: dict[str, dict[str, dict]] = {}
     for label, (numerator, denominator) in pairs.items():
-        rows = compare(folder / f"{denominator}.jsonl", folder / f"{numerator}.jsonl", 0.05, TRUTH_CONFIDENCE)
-        load = {**round_loads(folder / f"{denominator}.jsonl")}
-        for index, value in round_loads(folder / f"{numerator}.jsonl").items():
-            load[index] = max(load.get(index, 0.0), value)
+        num, den = _by_round(folder / f"{numerator}.jsonl"), _by_round(folder / f"{denominator}.jsonl")
+        per_model: dict[str, dict[str, list]] = {}
+        for key in sorted(set(num) & set(den), key=str):
+            load = max([r["round"].get("other_load") or 0.0 for r in num[key] + den[key]], default=0.0)
+            for row in compare(den[key], num[key], 0.05, TRUTH_CONFIDENCE):
+                entry = per_model.setdefault(row["config"]["model"], {"ratios": [], "loads": [], "base": []})
+                entry["ratios"].append(row["ratio"])
+                entry["loads"].append(load)
+                entry["base"].append(row["base_p50_s"])
         sizes[label] = {}
-        for row in rows:
-            ratios = row["round_ratios"] or []
-            loads = [load.get(i) for i in sorted(load)][:len(ratios)]  # compare orders rounds by index too
-            quiet = [r for r, other in zip(ratios, loads) if other is not None and other <= QUIET]
-            sizes[label][row["config"]["model"]] = {
-                "ratio": row["ratio"], "ci": row["ci"], "rounds": len(ratios), "round_ratios": ratios,
-                "round_other_load": loads, "base_p50_ms": row["base_p50_s"] * 1e3, "spread": _spread(ratios),
+        for model, entry in per_model.items():
+            ratios, loads = entry["ratios"], entry["loads"]
+            whole = geometric_mean_ratio(ratios, TRUTH_CONFIDENCE) if len(ratios) > 1 else {"ratio": ratios[0],
+                                                                                          "ci": [None, None]}
+            quiet = [r for r, other in zip(ratios, loads) if other <= QUIET]
+            sizes[label][model] = {
+                "ratio": whole["ratio"], "ci": whole["ci"], "rounds": len(ratios), "round_ratios": ratios,
+                "round_other_load": loads, "base_p50_ms": float(np.median(entry["base"])) * 1e3,
+                "spread": _spread(ratios),
                 # the same, over the rounds in which no other process kept more than QUIET cores busy
                 "quiet_rounds": len(quiet), "quiet_spread": _spread(quiet),
             }
     return sizes
 
 
-def round_loads(path: Path) -> dict[int, float]:
-    """Round index -> the cores other processes kept busy during that round's run (the most of its records)."""
-    loads: dict[int, float] = {}
+def _by_round(path: Path) -> dict:
+    """An entry's successful run records, grouped by round (see round_of)."""
+    rounds: dict = {}
     for record in read_records(path):
-        other = record.get("round", {}).get("other_load")
-        if other is not None:
-            loads[record["round"]["index"]] = max(loads.get(record["round"]["index"], 0.0), other)
-    return loads
+        if record.get("kind") == "run" and record.get("status") == "ok" and isinstance(record.get("round"), dict):
+            rounds.setdefault(round_of(record), []).append(record)
+    return rounds
 
 
 def _spread(ratios: list[float]) -> float | None:
