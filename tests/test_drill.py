@@ -108,3 +108,39 @@ def test_drill_bad_input_exits_2_before_anything_runs(tmp_path, capsys):
         assert main(["drill", *argv, "--out", str(tmp_path / "d.json")]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "d.json").exists()
+
+
+def test_truth_in_processes_keeps_whole_rounds_and_sizes_each_round_over_its_blocks(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(trees, args, seconds, out_dir, session):
+        calls.append(session)
+        if len(calls) == 2:  # the second round's processes fail: nothing of it is kept
+            raise RuntimeError("rank 1 died")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(len(calls))
+        drift = np.exp(0.2 * rng.standard_normal(40))  # the machine's speed, shared within a block
+        for name in trees:
+            slow = 1.08 if name == "slow" else 1.0
+            for index, speed in enumerate(drift):
+                append_record(out_dir / f"{name}.jsonl", {
+                    "kind": "run", "status": "ok", "config": {"model": "m", "bucket_mb": 25.0},
+                    "latency_s": [0.05 * speed * slow * (1 + 0.01 * rng.standard_normal())],
+                    "round": {"session": session, "index": index, "interleaved": True, "other_load": 0.0}})
+
+    @contextlib.contextmanager
+    def fake_trees(repo, commits, parent):
+        yield {c: parent / c for c in commits}
+
+    monkeypatch.setattr(truth.interleaved, "run", fake_run)
+    monkeypatch.setattr(truth, "worktrees", fake_trees)
+    entries = {"base": "a" * 40, "null": "a" * 40, "slow": "b" * 40}
+    with pytest.raises(RuntimeError, match="rank 1 died"):
+        truth.in_processes(tmp_path, entries, "smoke", 4, tmp_path / "t")
+    assert truth.rounds_done(tmp_path / "t", list(entries)) == 1
+    truth.in_processes(tmp_path, entries, "smoke", 4, tmp_path / "t")  # resumes: rounds 2-4
+    assert truth.rounds_done(tmp_path / "t", list(entries)) == 4 and len(calls) == 5
+    sizes = truth.true_sizes(tmp_path / "t", {"slow": ("slow", "base"), "same": ("null", "base")})
+    # The shared drift (sd 20%) cancels block by block: each round's ratio is paired over its 40 blocks.
+    assert sizes["slow"]["m"]["rounds"] == 4 and sizes["slow"]["m"]["ratio"] == pytest.approx(1.08, abs=0.01)
+    assert sizes["slow"]["m"]["ci"][0] > 1.06 and sizes["same"]["m"]["ci"][0] < 1 < sizes["same"]["m"]["ci"][1]

@@ -119,25 +119,45 @@ def _slow_down(repo: Path, seconds: float) -> None:
     reducer.write_text(reducer.read_text().replace(anchor, f"        __import__('time').sleep({seconds})\n" + anchor))
 
 
-def _ab(repo: Path, base: str, head: str) -> subprocess.CompletedProcess:
+def _ab(repo: Path, base: str, head: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "experiments", "ab", base, head, "--preset", "quick",
-                           "--rounds", "3", "--busy-retries", "0",
-                           "--repo", str(repo)],
+                           "--busy-retries", "0", "--repo", str(repo), *extra],
                           cwd=repo, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.timeout(900)
 def test_ab_stays_quiet_on_identical_code_and_flags_a_slowed_commit(tmp_path):
     repo = _scratch_repo(tmp_path)
-    same = _ab(repo, "HEAD", "HEAD")
+    same = _ab(repo, "HEAD", "HEAD")  # interleaved: both worktrees' ddp_core in one set of processes
     assert same.returncode == 0, same.stdout + same.stderr
-    # A throwaway commit that slows the measured path: 200 ms in the backward pass of every iteration
-    # (far beyond the noise: with 3 rounds, the t interval is wide).
-    _slow_down(repo, 0.2)
+    assert "interleaved iteration by iteration" in same.stdout
+    # A throwaway commit that slows the measured path: 100 ms in the backward pass of every iteration.
+    # Flagged only if each entry really runs its own revision's ddp_core (one module for both: ratio 1).
+    _slow_down(repo, 0.1)
     _commit(repo, "slow")
-    slowed = _ab(repo, "HEAD~1", "HEAD")
-    assert slowed.returncode == 1, slowed.stdout + slowed.stderr
-    assert "+" in slowed.stdout.split("ratio", 1)[1]
+    for extra in ([], ["--interleave", "processes", "--rounds", "3"]):
+        slowed = _ab(repo, "HEAD~1", "HEAD", *extra)
+        assert slowed.returncode == 1, (extra, slowed.stdout + slowed.stderr)
+        assert "+" in slowed.stdout.split("ratio", 1)[1]
+
+
+def test_interleaved_loads_each_trees_ddp_core_as_a_package_of_its_own(tmp_path):
+    from experiments.regression import interleaved
+
+    for name in ("a", "b"):
+        shutil.copytree(ROOT / "ddp_core", tmp_path / name / "ddp_core", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "b" / "ddp_core" / "reducer.py").write_text(
+        (tmp_path / "b" / "ddp_core" / "reducer.py").read_text() + "\nMARKED = True\n")
+    a = interleaved.load_ddp_core(tmp_path / "a", "ddp_core_test_a")
+    b = interleaved.load_ddp_core(tmp_path / "b", "ddp_core_test_b")
+    try:
+        assert a.DistributedDataParallel is not b.DistributedDataParallel
+        assert sys.modules["ddp_core_test_b.reducer"].MARKED and not hasattr(sys.modules["ddp_core_test_a.reducer"],
+                                                                               "MARKED")
+        assert a.reducer.__file__.startswith(str(tmp_path / "a"))  # its relative imports stayed inside it
+    finally:
+        for name in [n for n in sys.modules if n.startswith("ddp_core_test_")]:
+            del sys.modules[name]
 
 
 @pytest.mark.timeout(600)

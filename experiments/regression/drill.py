@@ -95,6 +95,7 @@ def run_ab(repo: Path, base: str, head: str, preset: str, lock: str) -> dict:
     if done.returncode in (0, 1):
         out = json.loads(done.stdout)
         result.update(seconds=out["seconds"], rounds=out["rounds"], other_load=out["other_load"],
+                      interleave=out.get("interleave"), threshold=out.get("threshold"),
                       rows=[{"config": row["config"]["model"], "verdict": row["verdict"], "ratio": row["ratio"],
                              "ci": row["ci"], "round_ratios": row["round_ratios"]} for row in out["rows"]])
     else:

@@ -1,4 +1,4 @@
-"""Interleaved A/B: several revisions' ddp_core in the same processes, taking turns every few iterations.
+"""Interleaved A/B: several revisions' ddp_core in the same processes, taking turns iteration by iteration.
 
 Why: on a shared machine a set of processes runs 10-30% faster or slower than the next set (the
 cores' frequency, the host's other tenants; the drill's truth run at fe40d85 saw forward alone move
@@ -8,11 +8,13 @@ turns alternate within seconds, so the drift hits both alike.
 
 How: each revision's `ddp_core` package is imported from its worktree under a name of its own
 (`ddp_core_<entry>`); each rank builds one replica of the config's model per entry (same seed, same
-batch) wrapped in that entry's DistributedDataParallel. Then `blocks` blocks: in each, every entry
-takes one turn of `1 + block_iters` iterations, in an order shuffled anew per block (the same on
-every rank, so collectives match). The first iteration of a turn is not measured: it re-warms the
-caches the other entries' turns evicted. Each block is a round: records are tagged with the block
-index, so that compare pairs the entries block by block (stats.paired_ratio).
+batch) wrapped in that entry's DistributedDataParallel, and warms each up. Then blocks: in each,
+every entry runs one iteration, in an order shuffled anew per block (the same on every rank, so
+collectives match), for about the given seconds. Iteration by iteration, because this machine's
+speed drifts within seconds: one process timing ResNet-tiny alone (1 thread, 500 iterations) had a
+log sd of 0.113 per iteration but a lag-1 autocorrelation of 0.54 (BERT-tiny: 0.188, 0.75), so
+neighbouring iterations share most of their noise. Each block is a round: records are tagged with
+the block index, so that compare pairs the entries block by block (stats.paired_ratio).
 
 What it measures: only ddp_core differs between entries; the harness, the models and torch are this
 tree's. A commit that changes anything else needs `ddpbench ab --interleave processes`.

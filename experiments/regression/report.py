@@ -85,10 +85,14 @@ def judge(preset: dict) -> dict:
 
 def markdown(state: dict) -> str:
     """The summary as Markdown tables, one section per preset."""
+    thresholds = sorted({f"{r['threshold']:.0%}" for p in state["presets"].values() for r in p["abs"]
+                         if r.get("threshold")})
     lines = [f"# Regression drill at {state['base'][:10]}", "",
-             "True size: the paired ratio regressed/base over the truth run's rounds (95% interval). "
-             "A/Bs: `ddpbench ab` of the base against the regressed commit; flagged = verdict `slower` for "
-             "that config (99% interval, 5% threshold).", ""]
+             "True size: the geometric mean over the truth run's rounds (fresh sets of processes, every commit "
+             "interleaved iteration by iteration) of each round's paired ratio regressed/base, with a 95% "
+             "interval over rounds. A/Bs: `ddpbench ab` of the base against the regressed commit; flagged = "
+             f"verdict `slower` for that config (99% interval; threshold {', '.join(thresholds) or 'ab default'}).",
+             ""]
     for name, preset in state["presets"].items():
         lines += [f"## Preset `{name}`", "", "| regression | what | config | true size [95%] | flagged / A/Bs | "
                   "median A/B ratio | longest A/B |", "|---|---|---|---|---|---|---|"]
