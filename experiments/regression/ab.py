@@ -27,25 +27,26 @@ from . import interleaved
 from .compare import MIN_PAIRED_ROUNDS, check_verdict_options, compare, format_table
 
 # preset -> the `ddpbench run` arguments (without --out), the default number of A/B rounds in fresh
-# processes, and the measured seconds per config of an interleaved A/B (see interleaved.py)
+# processes, and the measured seconds per config of an interleaved A/B with its replicas of the model
+# per revision (see interleaved.py; the paper's models: one, for memory)
 PRESETS = {
     # tiny models: the whole A/B ends within 5 minutes on 2 cores. Sequence length 64, not 16: run alone,
     # bert-tiny's median moved by up to 30% from one process to the next at 16, by 1% at 64 (after
     # resnet-tiny in the same processes it still moves by 10-25%; see the README's validation).
-    "smoke": {"rounds": 8, "seconds": 20, "args": ["--model", "resnet-tiny,bert-tiny", "--world-size", "2", "--image-size", "16",
+    "smoke": {"replicas": 3, "rounds": 8, "seconds": 20, "args": ["--model", "resnet-tiny,bert-tiny", "--world-size", "2", "--image-size", "16",
                                     "--seq-len", "64", "--batch-size", "4", "--iters", "30", "--warmup", "5",
                                     "--threads", "1"]},
     # one tiny model and few iterations: for tests and for trying the tools, too short to trust
-    "quick": {"rounds": 3, "seconds": 3, "args": ["--model", "bert-tiny", "--world-size", "2", "--seq-len", "16", "--batch-size", "4",
+    "quick": {"replicas": 1, "rounds": 3, "seconds": 3, "args": ["--model", "bert-tiny", "--world-size", "2", "--seq-len", "16", "--batch-size", "4",
                                     "--iters", "10", "--warmup", "2", "--threads", "1"]},
     # resnet-tiny on 2 emulated hosts behind a 2.5 Gbit/s link, where communication is about 60% of an
     # iteration (measured: 78 of 123 ms without overlap): the regressions that only show where
     # communication matters (overlap lost, smaller buckets). Needs root (`ddpbench network --check`).
-    "link": {"rounds": 6, "seconds": 30, "args": ["--model", "resnet-tiny", "--world-size", "2", "--image-size", "16",
+    "link": {"replicas": 3, "rounds": 6, "seconds": 30, "args": ["--model", "resnet-tiny", "--world-size", "2", "--image-size", "16",
                                    "--batch-size", "4", "--iters", "20", "--warmup", "3", "--threads", "1",
                                    "--link", "2.5gbit"]},
     # the paper's models at the CPU input sizes of the main job
-    "paper-cpu": {"rounds": 4, "seconds": 60, "args": ["--model", "resnet50,bert-base", "--world-size", "2", "--image-size", "32",
+    "paper-cpu": {"replicas": 1, "rounds": 4, "seconds": 60, "args": ["--model", "resnet50,bert-base", "--world-size", "2", "--image-size", "32",
                                         "--seq-len", "16", "--batch-size", "2", "--iters", "10", "--warmup", "3",
                                         "--threads", "1"]},
 }
@@ -210,7 +211,8 @@ def main(args: argparse.Namespace) -> int:
                 print(f"ab: {args.preset} preset, both revisions' ddp_core in one set of processes per config, "
                       f"taking turns iteration by iteration for about {measure_s:g} s", file=sys.stderr, flush=True)
                 try:
-                    interleaved.run(trees, PRESETS[args.preset]["args"], measure_s, out_dir, session)
+                    interleaved.run(trees, PRESETS[args.preset]["args"], measure_s, out_dir, session,
+                                    PRESETS[args.preset]["replicas"])
                 except (ConfigError, RankFailed, RanksTimedOut) as error:
                     print(f"ddpbench ab: the revisions cannot run the {args.preset} preset interleaved: {error}",
                           file=sys.stderr)

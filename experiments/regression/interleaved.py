@@ -54,32 +54,38 @@ def load_ddp_core(tree: Path, alias: str) -> ModuleType:
 
 
 def measure_entries(rank: int, world_size: int, fields: dict, trees: dict[str, str], seconds: float,
-                    seed: str) -> dict[str, list[float]]:
-    """On one rank: build a replica per entry (name -> worktree), warm each up, then run blocks of one
-    iteration per entry, in an order shuffled per block, for about `seconds` of measured iterations.
-    Returns entry -> the seconds of its iteration in each block (the slowest rank's, gathered)."""
+                    seed: str, replicas: int = 1) -> dict[str, list[float]]:
+    """On one rank: build `replicas` replicas per entry (name -> worktree), warm each up, then run blocks
+    of one iteration per entry (block b on replica b mod `replicas`), in an order shuffled per block,
+    for about `seconds` of measured iterations. Returns entry -> the seconds of its iteration in each
+    block (the slowest rank's, gathered)."""
     import torch.distributed as dist
 
     from .. import harness
 
     config = RunConfig(**fields)
-    trainees = {name: harness.build(rank, config, ddp_module=load_ddp_core(Path(tree), f"ddp_core_{name}"))
-                for name, tree in trees.items()}
-    clock = harness.Clock(trainees[next(iter(trainees))].device)
+    modules = {name: load_ddp_core(Path(tree), f"ddp_core_{name}") for name, tree in trees.items()}
+    # A replica runs a few percent faster or slower than another of the same code, depending on where
+    # its memory landed; replicas per entry, built in turns in a shuffled order, average that out.
+    trainees: dict[str, list] = {name: [] for name in trees}
+    for copy in range(replicas):
+        for name in random.Random(f"{seed}-build-{copy}").sample(list(trees), len(trees)):
+            trainees[name].append(harness.build(rank, config, ddp_module=modules[name]))
+    clock = harness.Clock(trainees[next(iter(trainees))][0].device)
 
     def iteration(t) -> float:
         clock.start()
         harness.train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark, t.precision)
         return clock.seconds()["optimizer"]
 
-    last_warm = [[iteration(t) for _ in range(config.warmup)][-1] for t in trainees.values()]
+    last_warm = [[iteration(t) for _ in range(config.warmup)][-1] for copies in trainees.values() for t in copies]
     # How many blocks fit in `seconds`: rank 0's warm-up says, every rank follows (collectives must match).
-    blocks = [max(MIN_BLOCKS, round(seconds / sum(last_warm)))]
+    blocks = [max(MIN_BLOCKS, round(seconds * replicas / sum(last_warm)))]
     dist.broadcast_object_list(blocks, src=0)
     local: dict[str, list[float]] = {name: [] for name in trainees}
     for block in range(blocks[0]):
         for name in random.Random(f"{seed}-{block}").sample(list(trainees), len(trainees)):
-            local[name].append(iteration(trainees[name]))
+            local[name].append(iteration(trainees[name][block % replicas]))
     # An iteration takes as long as its slowest rank: gather every entry's times in one go.
     slowest = harness.slowest_per_iteration([s for name in trainees for s in local[name]])
     return {name: slowest[i * blocks[0]:(i + 1) * blocks[0]] for i, name in enumerate(trainees)}
@@ -101,9 +107,10 @@ def preset_configs(args: list[str]) -> list[RunConfig]:
 
 
 def run(trees: dict[str, Path], args: list[str], seconds: float, out_dir: Path, session: str,
-        timeout: float = 900.0) -> None:
+        replicas: int = 1, timeout: float = 900.0) -> None:
     """Run every config of the preset arguments `args` once, all entries interleaved in one set of
-    processes per config for about `seconds` of measured iterations; append each entry's iterations to
+    processes per config for about `seconds` of measured iterations (`replicas` replicas of the model
+    per entry, see measure_entries); append each entry's iterations to
     out_dir/<entry>.jsonl, one record per block, as rounds of `session`
     (with `other_load`, the cores other processes kept busy meanwhile). Raises RankFailed /
     RanksTimedOut (a revision that cannot run) and ConfigError."""
@@ -117,7 +124,7 @@ def run(trees: dict[str, Path], args: list[str], seconds: float, out_dir: Path, 
         with RankPool(config.world_size, backend=config.backend, threads=config.threads, timeout=timeout,
                       link=config.link, ranks_per_host=config.ranks_per_host) as pool:
             per_rank = pool.run(measure_entries, (dataclasses.asdict(config), {n: str(t) for n, t in trees.items()},
-                                                  seconds, session), timeout=timeout)
+                                                  seconds, session, replicas), timeout=timeout)
         after, wall = cpu_seconds(), time.monotonic() - started
         other = None if before is None else max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
         for name, times in per_rank[0].items():
