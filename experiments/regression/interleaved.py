@@ -11,9 +11,9 @@ How: each revision's `ddp_core` package is imported from its worktree under a na
 batch) wrapped in that entry's DistributedDataParallel, and warms each up. Then blocks: in each,
 every entry runs one iteration, in an order shuffled anew per block (the same on every rank, so
 collectives match), for about the given seconds. Iteration by iteration, because this machine's
-speed drifts within seconds: one process timing ResNet-tiny alone (1 thread, 500 iterations) had a
-log sd of 0.113 per iteration but a lag-1 autocorrelation of 0.54 (BERT-tiny: 0.188, 0.75), so
-neighbouring iterations share most of their noise. Each block is a round: records are tagged with
+speed drifts within seconds: one process timing ResNet-tiny alone (1 thread, 500 iterations;
+benchmarks/iteration_noise.py) had a log sd of 0.14 per iteration but a lag-1 autocorrelation of
+0.75 (BERT-tiny: 0.18, 0.65), so neighbouring iterations share most of their noise. Each block is a round: records are tagged with
 the block index, so that compare pairs the entries block by block (stats.paired_ratio).
 
 What it measures: only ddp_core differs between entries; the harness, the models and torch are this
