@@ -90,6 +90,8 @@ def paired_ratio(numerator_rounds: list[list[float]], denominator_rounds: list[l
 
 def geometric_mean_ratio(ratios: list[float], confidence: float = 0.99) -> dict:
     """The geometric mean of independent ratios, with a t confidence interval on their logs (>= 2)."""
+    if len(ratios) < 2:
+        raise ValueError(f"a t interval needs at least 2 ratios, got {len(ratios)}")
     logs = np.log(ratios)
     ci = ttest_1samp(logs, 0.0).confidence_interval(confidence)
     return {"ratio": float(np.exp(logs.mean())), "ci": [float(np.exp(ci.low)), float(np.exp(ci.high))],

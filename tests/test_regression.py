@@ -120,8 +120,9 @@ def _slow_down(repo: Path, seconds: float) -> None:
 
 
 def _ab(repo: Path, base: str, head: str, *extra: str) -> subprocess.CompletedProcess:
+    # A 10% threshold: the test checks the plumbing, not the gate's resolution (the drill measures that).
     return subprocess.run([sys.executable, "-m", "experiments", "ab", base, head, "--preset", "quick",
-                           "--busy-retries", "0", "--repo", str(repo), *extra],
+                           "--threshold", "0.1", "--repo", str(repo), *extra],
                           cwd=repo, capture_output=True, text=True, timeout=600)
 
 
@@ -135,7 +136,7 @@ def test_ab_stays_quiet_on_identical_code_and_flags_a_slowed_commit(tmp_path):
     # Flagged only if each entry really runs its own revision's ddp_core (one module for both: ratio 1).
     _slow_down(repo, 0.1)
     _commit(repo, "slow")
-    for extra in ([], ["--interleave", "processes", "--rounds", "3"]):
+    for extra in ([], ["--interleave", "processes", "--rounds", "3", "--busy-retries", "0"]):
         slowed = _ab(repo, "HEAD~1", "HEAD", *extra)
         assert slowed.returncode == 1, (extra, slowed.stdout + slowed.stderr)
         assert "+" in slowed.stdout.split("ratio", 1)[1]

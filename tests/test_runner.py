@@ -73,6 +73,16 @@ def test_ab_and_history_check_their_output_folders(capsys):
     assert "--results='/proc/results': cannot create it" in capsys.readouterr().err
 
 
+def test_ab_refuses_options_of_the_other_mode_before_anything_runs(capsys):
+    for argv, message in ((["--rounds", "5"], "--rounds=5 has no effect with --interleave iterations"),
+                          (["--busy-retries", "0"], "--busy-retries=0 has no effect with --interleave iterations"),
+                          (["--interleave", "processes", "--seconds", "5"], "--seconds=5.0 has no effect"),
+                          (["--seconds", "inf"], "--seconds=inf is not allowed"),
+                          (["--interleave", "processes", "--rounds", "2"], "--rounds=2 is not allowed")):
+        assert main(["ab", "HEAD", *argv]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_help_lists_allowed_values_and_describes_every_option(capsys):
     from experiments.cli import build_parser
 

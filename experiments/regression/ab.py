@@ -1,10 +1,13 @@
 """`ddpbench ab BASE_REV [HEAD_REV]`: A/B two commits on this machine, in one job.
 
-Both revisions are checked out in temporary git worktrees that share the installed environment. A
-preset of configs runs on each, alternating A B, B A, ... over several rounds (one fresh run of each
-revision per round), so that drift of a shared, noisy machine hits both alike. Every record is tagged
-with its round, so that compare pairs BASE and NEW round by round (see compare.py and
-stats.paired_ratio). Exit status: 1 if HEAD is significantly slower than BASE by more than the
+Both revisions are checked out in temporary git worktrees that share the installed environment. Two
+designs, so that drift of a shared, noisy machine hits both revisions alike:
+- `--interleave iterations` (default; interleaved.py): both revisions' ddp_core in one set of
+  processes per config, taking turns iteration by iteration; each block of turns is a round;
+- `--interleave processes`: the preset runs on each revision in fresh processes, alternating A B,
+  B A, ... over several rounds; measures changes outside ddp_core too, far noisier.
+Every record is tagged with its round, so that compare pairs BASE and NEW round by round (see
+compare.py and stats.paired_ratio). Exit status: 1 if HEAD is significantly slower than BASE by more than the
 threshold on any config, 0 otherwise, 2 on bad input or when a revision cannot run the preset.
 """
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import resource
 import subprocess
@@ -21,7 +25,7 @@ import time
 from pathlib import Path
 
 from ..config import ConfigError
-from ..records import SchemaError, append_record, read_records
+from ..records import SchemaError, append_record, config_key, read_records
 from ..launch import RankFailed, RanksTimedOut
 from . import interleaved
 from .compare import MIN_PAIRED_ROUNDS, check_verdict_options, compare, format_table
@@ -37,7 +41,7 @@ PRESETS = {
                                     "--seq-len", "64", "--batch-size", "4", "--iters", "30", "--warmup", "5",
                                     "--threads", "1"]},
     # one tiny model and few iterations: for tests and for trying the tools, too short to trust
-    "quick": {"replicas": 1, "rounds": 3, "seconds": 3, "args": ["--model", "bert-tiny", "--world-size", "2", "--seq-len", "16", "--batch-size", "4",
+    "quick": {"replicas": 3, "rounds": 3, "seconds": 3, "args": ["--model", "bert-tiny", "--world-size", "2", "--seq-len", "16", "--batch-size", "4",
                                     "--iters", "10", "--warmup", "2", "--threads", "1"]},
     # resnet-tiny on 2 emulated hosts behind a 2.5 Gbit/s link, where communication is about 60% of an
     # iteration (measured: 78 of 123 ms without overlap): the regressions that only show where
@@ -144,10 +148,22 @@ def run_round(tree: Path, preset: str, out: Path, tag: dict, separate: bool | No
 
 def other_load(files: list[Path]) -> dict | None:
     """Mean and max over the runs of the cores other processes kept busy (see run_round)."""
-    loads = {(file, r["round"]["index"]): r["round"].get("other_load") for file in files for r in read_records(file)
-             if isinstance(r.get("round"), dict)}
+    # One load per run: per round in fresh processes; per config (all its blocks) when interleaved.
+    loads = {(file, r["round"]["session"], config_key(r["config"]) if r["round"].get("interleaved")
+              else r["round"]["index"]): r["round"].get("other_load")
+             for file in files for r in read_records(file) if isinstance(r.get("round"), dict)}
     values = [v for v in loads.values() if v is not None]
     return {"mean": sum(values) / len(values), "max": max(values)} if values else None
+
+
+def warn_outside_ddp_core(repo: Path, revisions: dict[str, str]) -> None:
+    """Say which changed Python files outside ddp_core/ (and tests/) an interleaved A/B does not measure."""
+    changed = git("diff", "--name-only", revisions["base"], revisions["head"], cwd=repo).splitlines()
+    outside = [f for f in changed if f.endswith(".py") and not f.startswith(("ddp_core/", "tests/"))]
+    if outside:
+        print(f"ddpbench ab: warning: HEAD also changes {len(outside)} Python file(s) outside ddp_core/ "
+              f"({', '.join(outside[:3])}{', ...' if len(outside) > 3 else ''}), which --interleave iterations runs "
+              "from this tree and does not measure; --interleave processes does", file=sys.stderr)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,20 +173,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="smoke")
     parser.add_argument("--interleave", choices=("iterations", "processes"), default="iterations",
                         help="iterations (default): both revisions' ddp_core in one set of processes, taking turns "
-                             "every few iterations (interleaved.py; only ddp_core may differ); processes: each "
-                             "round runs each revision whole, in fresh processes (any change, much noisier)")
-    parser.add_argument("--rounds", type=int, help="A/B rounds: blocks of turns with --interleave iterations (default "
-                                                   "the preset's), else runs of each revision (smoke 8, link 6, "
-                                                   "paper-cpu 4, quick 3)")
-    parser.add_argument("--seconds", type=float, help="measured seconds per config with --interleave iterations "
-                                                      "(default: the preset's, smoke 20, link 30, paper-cpu 60, quick 3)")
+                             "iteration by iteration (interleaved.py; measures changes to ddp_core only); processes: "
+                             "each round runs each revision whole, in fresh processes (any change, much noisier)")
+    defaults = lambda key: ", ".join(f"{name} {p[key]:g}" for name, p in PRESETS.items())  # noqa: E731
+    parser.add_argument("--rounds", type=int, help=f"--interleave processes only: A/B rounds (default: the preset's, "
+                                                   f"{defaults('rounds')})")
+    parser.add_argument("--seconds", type=float, help="--interleave iterations only: measured seconds per config "
+                                                      f"(default: the preset's, {defaults('seconds')})")
     parser.add_argument("--threshold", type=float,
                         help=f"relative slowdown that counts (default {THRESHOLDS['iterations']} with --interleave "
                              f"iterations, {THRESHOLDS['processes']} with processes)")
     parser.add_argument("--confidence", type=float, default=0.99)
-    parser.add_argument("--busy-retries", type=int, default=QUIET_RETRIES,
-                        help=f"runs again a run during which other processes kept more than {QUIET} cores busy, "
-                             f"at most this many times (default {QUIET_RETRIES})")
+    parser.add_argument("--busy-retries", type=int,
+                        help=f"--interleave processes only: runs again a run during which other processes kept more "
+                             f"than {QUIET} cores busy, at most this many times (default {QUIET_RETRIES})")
     parser.add_argument("--keep", type=Path, help="keep the records in this new folder (base.jsonl, head.jsonl)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2], help=argparse.SUPPRESS)
@@ -183,15 +199,23 @@ def main(args: argparse.Namespace) -> int:
     rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
     measure_s = args.seconds if args.seconds is not None else PRESETS[args.preset]["seconds"]
     threshold = args.threshold if args.threshold is not None else THRESHOLDS[args.interleave]
+    retries = args.busy_retries if args.busy_retries is not None else QUIET_RETRIES
     try:
-        if not measure_s > 0:
-            raise ConfigError(f"--seconds={measure_s} is not allowed; it must be > 0")
-        if rounds < MIN_PAIRED_ROUNDS:
+        other_mode = {"iterations": ("rounds", "busy_retries"), "processes": ("seconds",)}[args.interleave]
+        for name in other_mode:
+            if getattr(args, name) is not None:
+                raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} has no effect with --interleave "
+                                  f"{args.interleave}; leave it out, or choose the other --interleave")
+        if args.interleave == "iterations":
+            if not 0 < measure_s < math.inf:
+                raise ConfigError(f"--seconds={measure_s} is not allowed; it must be a number > 0")
+            interleaved.preset_configs(PRESETS[args.preset]["args"])  # refuses what it cannot run, before any process
+        elif rounds < MIN_PAIRED_ROUNDS:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= {MIN_PAIRED_ROUNDS} (rounds are "
                               "compared pairwise)")
         check_verdict_options(threshold, args.confidence)
-        if args.busy_retries < 0:
-            raise ConfigError(f"--busy-retries={args.busy_retries} is not allowed; it must be >= 0")
+        if retries < 0:
+            raise ConfigError(f"--busy-retries={retries} is not allowed; it must be >= 0")
         if args.keep and any((args.keep / f"{name}.jsonl").exists() for name in ("base", "head")):
             raise ConfigError(f"--keep={str(args.keep)!r} already holds records; choose a new folder")
         if args.keep:
@@ -201,6 +225,8 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"ddpbench ab: error: {error}", file=sys.stderr)
         return 2
+    if args.interleave == "iterations":
+        warn_outside_ddp_core(args.repo, revisions)
     session = f"ab-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ddpbench-ab-") as tmp:
@@ -213,16 +239,16 @@ def main(args: argparse.Namespace) -> int:
                 try:
                     interleaved.run(trees, PRESETS[args.preset]["args"], measure_s, out_dir, session,
                                     PRESETS[args.preset]["replicas"])
-                except (ConfigError, RankFailed, RanksTimedOut) as error:
-                    print(f"ddpbench ab: the revisions cannot run the {args.preset} preset interleaved: {error}",
-                          file=sys.stderr)
+                except Exception as error:  # exit 1 would read as "slower": any failure is 2
+                    print(f"ddpbench ab: the revisions cannot run the {args.preset} preset interleaved "
+                          f"({type(error).__name__}): {error}", file=sys.stderr)
                     return 2
             for index in range(rounds if args.interleave == "processes" else 0):
                 for name in ("base", "head") if index % 2 == 0 else ("head", "base"):
                     print(f"ab round {index + 1}/{rounds}: {name} ({revisions[name][:10]})", file=sys.stderr,
                           flush=True)
                     error = run_round(trees[name], args.preset, out_dir / f"{name}.jsonl",
-                                      {"session": session, "index": index}, retries=args.busy_retries)
+                                      {"session": session, "index": index}, retries=retries)
                     if error:
                         print(f"ddpbench ab: the {name} revision ({revisions[name][:10]}) cannot run the "
                               f"{args.preset} preset: {error}", file=sys.stderr)

@@ -110,7 +110,8 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{MARKS[row['verdict']]:1} {row['base_p50_s'] * 1e3:>8.2f}ms {row['new_p50_s'] * 1e3:>8.2f}ms "
                      f"{row['ratio']:>7.3f} [{row['ci'][0]:.3f}, {row['ci'][1]:.3f}] {row['method']:>10}  "
                      f"{describe(row['config'])}")
-    lines.append("marks: + slower, - faster, ~ not significant (too noisy to say); paired xN: over N A/B rounds")
+    lines.append("marks: + slower, - faster, ~ not significant (too noisy to say); paired xN: over N paired rounds "
+                 "(blocks of turns when interleaved)")
     return "\n".join(lines)
 
 

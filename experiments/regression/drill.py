@@ -92,8 +92,11 @@ def run_ab(repo: Path, base: str, head: str, preset: str, lock: str) -> dict:
     done = subprocess.run(["flock", lock, *command] if lock else command, cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     result = {"exit": done.returncode, "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started))}
-    if done.returncode in (0, 1):
-        out = json.loads(done.stdout)
+    try:
+        out = json.loads(done.stdout) if done.returncode in (0, 1) else None
+    except json.JSONDecodeError:  # a crash that exited 1: no verdict
+        out = None
+    if out is not None:
         result.update(seconds=out["seconds"], rounds=out["rounds"], other_load=out["other_load"],
                       interleave=out.get("interleave"), threshold=out.get("threshold"),
                       rows=[{"config": row["config"]["model"], "verdict": row["verdict"], "ratio": row["ratio"],
@@ -139,6 +142,7 @@ def main(args: argparse.Namespace) -> int:
               "command again to go on", file=sys.stderr)
         return 130
     except RuntimeError as error:  # a revision that cannot run the preset, or a truth folder of another design
+        # (truth.py turns every failure of a round into a RuntimeError; ab's failures are A/B results)
         print(f"ddpbench drill: error: {error}", file=sys.stderr)
         return 1
     print(f"drill: summary in {args.out} and {args.out.with_suffix('.md')}")

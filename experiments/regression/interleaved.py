@@ -95,7 +95,7 @@ def preset_configs(args: list[str]) -> list[RunConfig]:
     """The configs of a preset's `ddpbench run` arguments; ConfigError for one an interleaved A/B cannot
     run (only ddp_core differs between its entries)."""
     from ..cli import build_parser, resolve_run_configs
-    from ..config import validate
+    from ..config import check_network_available, validate
 
     configs = resolve_run_configs(build_parser().parse_args(["run", *args, "--out", "unused.jsonl"]))
     for config in configs:
@@ -103,11 +103,15 @@ def preset_configs(args: list[str]) -> list[RunConfig]:
         if config.impl not in ("ddp_core", "ddp_core_nooverlap") or config.compute != "real":
             raise ConfigError(f"impl={config.impl!r}, compute={config.compute!r}: an interleaved A/B measures "
                               "ddp_core with real compute only; use --interleave processes")
+        if config.sync_every != 1 or config.warmup < 1:
+            raise ConfigError(f"sync_every={config.sync_every}, warmup={config.warmup}: an interleaved A/B "
+                              "synchronises every iteration and needs a warm-up (sync_every 1, warmup >= 1)")
+    check_network_available(configs)  # a --link preset needs root and tc: refused here, not in a rank
     return configs
 
 
 def run(trees: dict[str, Path], args: list[str], seconds: float, out_dir: Path, session: str,
-        replicas: int = 1, timeout: float = 900.0) -> None:
+        replicas: int = 1, timeout: float | None = None) -> None:
     """Run every config of the preset arguments `args` once, all entries interleaved in one set of
     processes per config for about `seconds` of measured iterations (`replicas` replicas of the model
     per entry, see measure_entries); append each entry's iterations to
@@ -118,6 +122,7 @@ def run(trees: dict[str, Path], args: list[str], seconds: float, out_dir: Path, 
     from ..records import append_record
     from .ab import cpu_seconds
 
+    timeout = timeout or 900 + 20 * seconds  # building and warming the replicas, then the measured seconds
     out_dir.mkdir(parents=True, exist_ok=True)
     for config in preset_configs(args):
         before, started = cpu_seconds(), time.monotonic()

@@ -60,10 +60,11 @@ def round_of(record: dict):
 
 
 def rounds_done(folder: Path, names: list[str]) -> int:
-    """How many whole rounds `folder` holds for every entry (rounds are appended whole)."""
-    counts = [len({round_of(r) for r in read_records(folder / f"{n}.jsonl") if r.get("kind") == "run"})
-              if (folder / f"{n}.jsonl").exists() else 0 for n in names]
-    return min(counts, default=0)
+    """How many rounds `folder` holds for every entry (rounds are appended whole; a round that an
+    interruption left in some entries' files only is not counted)."""
+    held = [{round_of(r) for r in read_records(folder / f"{n}.jsonl") if r.get("kind") == "run"}
+            if (folder / f"{n}.jsonl").exists() else set() for n in names]
+    return len(set.intersection(*held)) if held else 0
 
 
 def in_processes(repo: Path, entries: dict[str, str], preset: str, rounds: int, folder: Path,
@@ -72,7 +73,7 @@ def in_processes(repo: Path, entries: dict[str, str], preset: str, rounds: int, 
     for `seconds` (default: 3x the preset's A/B) of measured iterations each, until `folder` holds
     `rounds` whole rounds; records go to folder/<name>.jsonl."""
     seconds = seconds or 3 * PRESETS[preset]["seconds"]
-    session, start = _start_session(folder, {n: (c, None) for n, c in entries.items()}, preset)
+    session, start = _start_session(folder, {n: (c, None) for n, c in entries.items()}, preset, "in_processes")
     if start >= rounds:
         return
     with tempfile.TemporaryDirectory(prefix="ddpbench-truth-") as tmp:
@@ -80,24 +81,30 @@ def in_processes(repo: Path, entries: dict[str, str], preset: str, rounds: int, 
             for index in range(start, rounds):
                 staged, started = Path(tmp) / f"round-{index}", time.monotonic()
                 with measurement_lock(lock):
-                    # (names are shuffled per block inside; one set of processes holds them all)
-                    interleaved.run({n: trees[c] for n, c in entries.items()}, PRESETS[preset]["args"], seconds,
-                                    staged, f"{session}-round{index}")
+                    # (names are shuffled per block inside; one set of processes holds them all, one replica
+                    # each: the rounds' fresh processes average a replica's memory placement out)
+                    try:  # a session name per attempt: a retried round never merges with a torn one
+                        interleaved.run({n: trees[c] for n, c in entries.items()}, PRESETS[preset]["args"], seconds,
+                                        staged, f"{session}-round{index}-{time.strftime('%H%M%S')}")
+                    except Exception as error:  # the drill reports it and keeps what is done
+                        raise RuntimeError(f"truth: the {preset} preset cannot run interleaved "
+                                           f"({type(error).__name__}): {error}") from error
                 _append_round(staged, folder, list(entries))
                 print(f"truth {preset} round {index + 1}/{rounds}: {len(entries)} entries interleaved in "
                       f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
 
-def _start_session(folder: Path, entries: dict[str, tuple[str, bool | None]], preset: str) -> tuple[str, int]:
-    """The session of the rounds in `folder` (made if new; RuntimeError if of other entries) and how
-    many whole rounds it holds."""
+def _start_session(folder: Path, entries: dict[str, tuple[str, bool | None]], preset: str,
+                   design: str) -> tuple[str, int]:
+    """The session of the rounds in `folder` (made if new; RuntimeError if of other entries or another
+    design) and how many whole rounds it holds."""
     session_file = folder / "session.json"
     if session_file.exists():
-        check_session(session_file, entries)
+        check_session(session_file, entries, design)
     folder.mkdir(parents=True, exist_ok=True)
     if not session_file.exists():
         session_file.write_text(json.dumps({"session": f"truth-{time.strftime('%Y%m%dT%H%M%S')}", "preset": preset,
-                                            "entries": entries}) + "\n")
+                                            "design": design, "entries": entries}) + "\n")
     return json.loads(session_file.read_text())["session"], rounds_done(folder, list(entries))
 
 
@@ -113,7 +120,7 @@ def interleave(repo: Path, entries: dict[str, tuple[str, bool]], preset: str, ro
     """Run every entry (name -> (commit, each model in processes of its own?)) once per round, shuffled,
     until `folder` holds `rounds` whole rounds; records go to folder/<name>.jsonl."""
     names = list(entries)
-    session, start = _start_session(folder, entries, preset)
+    session, start = _start_session(folder, entries, preset, "interleave")
     if start >= rounds:
         return
     commits = {commit for commit, _ in entries.values()}
@@ -136,12 +143,14 @@ def interleave(repo: Path, entries: dict[str, tuple[str, bool]], preset: str, ro
                       f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
 
-def check_session(session_file: Path, entries: dict[str, tuple[str, bool | None]]) -> None:
-    """Raise RuntimeError unless the recorded session ran exactly these entries on these commits."""
+def check_session(session_file: Path, entries: dict[str, tuple[str, bool | None]], design: str) -> None:
+    """Raise RuntimeError unless the recorded session ran exactly these entries on these commits, in
+    this design (`in_processes` or `interleave`; a session of neither says nothing: the first design)."""
     recorded = json.loads(session_file.read_text())
-    if {n: c[0] for n, c in recorded["entries"].items()} != {n: c for n, (c, _) in entries.items()}:
+    if (recorded.get("design", "interleave") != design
+            or {n: c[0] for n, c in recorded["entries"].items()} != {n: c for n, (c, _) in entries.items()}):
         # Rounds of other entries (or other commits) cannot be completed by these: they would mix two designs.
-        raise RuntimeError(f"truth: {session_file.parent} holds rounds of other entries or commits ({session_file}); give the "
+        raise RuntimeError(f"truth: {session_file.parent} holds rounds of other entries, commits or design ({session_file}); give the "
                            "drill another --out, or the same --base and regressions")
 
 
@@ -153,8 +162,9 @@ def true_sizes(folder: Path, pairs: dict[str, tuple[str, str]]) -> dict[str, dic
     for label, (numerator, denominator) in pairs.items():
         num, den = _by_round(folder / f"{numerator}.jsonl"), _by_round(folder / f"{denominator}.jsonl")
         per_model: dict[str, dict[str, list]] = {}
-        for key in sorted(set(num) & set(den), key=str):
-            load = max([r["round"].get("other_load") or 0.0 for r in num[key] + den[key]], default=0.0)
+        for key in [k for k in den if k in num]:  # in the order measured
+            loads = [r["round"].get("other_load") for r in num[key] + den[key]]
+            load = None if None in loads or not loads else max(loads)
             for row in compare(den[key], num[key], 0.05, TRUTH_CONFIDENCE):
                 entry = per_model.setdefault(row["config"]["model"], {"ratios": [], "loads": [], "base": []})
                 entry["ratios"].append(row["ratio"])
@@ -163,9 +173,10 @@ def true_sizes(folder: Path, pairs: dict[str, tuple[str, str]]) -> dict[str, dic
         sizes[label] = {}
         for model, entry in per_model.items():
             ratios, loads = entry["ratios"], entry["loads"]
-            whole = geometric_mean_ratio(ratios, TRUTH_CONFIDENCE) if len(ratios) > 1 else {"ratio": ratios[0],
-                                                                                          "ci": [None, None]}
-            quiet = [r for r, other in zip(ratios, loads) if other <= QUIET]
+            if len(ratios) < 2:
+                continue  # no interval from one round
+            whole = geometric_mean_ratio(ratios, TRUTH_CONFIDENCE)
+            quiet = [r for r, other in zip(ratios, loads) if other is not None and other <= QUIET]
             sizes[label][model] = {
                 "ratio": whole["ratio"], "ci": whole["ci"], "rounds": len(ratios), "round_ratios": ratios,
                 "round_other_load": loads, "base_p50_ms": float(np.median(entry["base"])) * 1e3,
