@@ -100,6 +100,15 @@ def cpu_seconds() -> tuple[float, float] | None:
     return busy / os.sysconf("SC_CLK_TCK"), children.ru_utime + children.ru_stime
 
 
+def other_cores_busy(before: tuple[float, float] | None, after: tuple[float, float] | None,
+                     wall: float) -> float | None:
+    """The cores that processes other than this one's children kept busy on average between two
+    cpu_seconds() readings `wall` seconds apart; None where /proc/stat is missing."""
+    if before is None or after is None:
+        return None
+    return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
+
+
 def run_commands(preset: str, separate: bool) -> list[list[str]]:
     """The `ddpbench run` argument lists of one round of the preset: one list, or with `separate` one
     per model of its --model list (each model then runs in processes of its own)."""
@@ -131,7 +140,7 @@ def run_round(tree: Path, preset: str, out: Path, tag: dict, separate: bool | No
                 if done.returncode != 0:
                     return f"`ddpbench run` exited with status {done.returncode}: {tail}"
             after, wall = cpu_seconds(), time.monotonic() - started
-            other = None if before is None else max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
+            other = other_cores_busy(before, after, wall)
             if other is not None and other > QUIET and attempt <= retries:
                 continue  # measured on a busy machine: its medians move, measure again
             try:

@@ -120,7 +120,7 @@ def run(trees: dict[str, Path], args: list[str], seconds: float, out_dir: Path, 
     RanksTimedOut (a revision that cannot run) and ConfigError."""
     from ..launch import RankPool
     from ..records import append_record
-    from .ab import cpu_seconds
+    from .ab import cpu_seconds, other_cores_busy
 
     timeout = timeout or 900 + 20 * seconds  # building and warming the replicas, then the measured seconds
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +131,7 @@ def run(trees: dict[str, Path], args: list[str], seconds: float, out_dir: Path, 
             per_rank = pool.run(measure_entries, (dataclasses.asdict(config), {n: str(t) for n, t in trees.items()},
                                                   seconds, session, replicas), timeout=timeout)
         after, wall = cpu_seconds(), time.monotonic() - started
-        other = None if before is None else max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
+        other = other_cores_busy(before, after, wall)
         for name, times in per_rank[0].items():
             for index, latency in enumerate(times):
                 append_record(out_dir / f"{name}.jsonl", {
