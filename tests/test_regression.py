@@ -156,6 +156,9 @@ def test_interleaved_loads_each_trees_ddp_core_as_a_package_of_its_own(tmp_path)
         assert sys.modules["ddp_core_test_b.reducer"].MARKED and not hasattr(sys.modules["ddp_core_test_a.reducer"],
                                                                                "MARKED")
         assert a.reducer.__file__.startswith(str(tmp_path / "a"))  # its relative imports stayed inside it
+        assert interleaved.load_ddp_core(tmp_path / "a", "ddp_core_test_a") is a
+        with pytest.raises(ImportError, match="already imported from"):
+            interleaved.load_ddp_core(tmp_path / "b", "ddp_core_test_a")
     finally:
         for name in [n for n in sys.modules if n.startswith("ddp_core_test_")]:
             del sys.modules[name]

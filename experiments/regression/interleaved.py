@@ -35,10 +35,13 @@ MIN_BLOCKS = 20  # however slow the config: fewer pairs than this say little
 
 
 def load_ddp_core(tree: Path, alias: str) -> ModuleType:
-    """Import `tree`/ddp_core as the package `alias` (its relative imports resolve inside it)."""
-    if alias in sys.modules:
-        return sys.modules[alias]
+    """Import `tree`/ddp_core as the package `alias` (its relative imports resolve inside it); an alias
+    already imported from another tree is refused (it would measure that tree's code)."""
     package = Path(tree) / "ddp_core"
+    if alias in sys.modules:
+        if Path(sys.modules[alias].__file__).parent.resolve() != package.resolve():
+            raise ImportError(f"{alias} is already imported from {sys.modules[alias].__file__}, not from {package}")
+        return sys.modules[alias]
     spec = importlib.util.spec_from_file_location(alias, package / "__init__.py",
                                                   submodule_search_locations=[str(package)])
     if spec is None:
@@ -48,7 +51,8 @@ def load_ddp_core(tree: Path, alias: str) -> ModuleType:
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[alias]
+        for name in [n for n in sys.modules if n == alias or n.startswith(alias + ".")]:
+            del sys.modules[name]
         raise
     return module
 
