@@ -43,12 +43,14 @@ PRESETS = {
     # one tiny model and few iterations: for tests and for trying the tools, too short to trust
     "quick": {"replicas": 3, "rounds": 3, "seconds": 3, "args": ["--model", "bert-tiny", "--world-size", "2", "--seq-len", "16", "--batch-size", "4",
                                     "--iters", "10", "--warmup", "2", "--threads", "1"]},
-    # resnet-tiny on 2 emulated hosts behind a 2.5 Gbit/s link, where communication is about 60% of an
-    # iteration (measured: 78 of 123 ms without overlap): the regressions that only show where
-    # communication matters (overlap lost, smaller buckets). Needs root (`ddpbench network --check`).
-    "link": {"replicas": 3, "rounds": 6, "seconds": 30, "args": ["--model", "resnet-tiny", "--world-size", "2", "--image-size", "16",
-                                   "--batch-size", "4", "--iters", "20", "--warmup", "3", "--threads", "1",
-                                   "--link", "2.5gbit"]},
+    # resnet-tiny on 2 emulated hosts behind a 2.5 Gbit/s link, where communication is about half of the
+    # iteration without overlap: the regressions that only show where communication matters (overlap lost,
+    # smaller buckets). 5 MB buckets, so that its 18.7 MB of gradients fill several buckets and overlap
+    # with backward (measured: 105 ms, 122 ms without overlap); at 25 MB they all wait in one bucket for
+    # the end of backward, and there is no overlap to lose. Needs root (`ddpbench network --check`).
+    "link": {"replicas": 3, "rounds": 6, "seconds": 30, "args": ["--model", "resnet-tiny", "--world-size", "2", "--image-size", "32",
+                                   "--batch-size", "8", "--bucket-mb", "5", "--iters", "20", "--warmup", "3",
+                                   "--threads", "1", "--link", "2.5gbit"]},
     # the paper's models at the CPU input sizes of the main job
     "paper-cpu": {"replicas": 1, "rounds": 4, "seconds": 60, "args": ["--model", "resnet50,bert-base", "--world-size", "2", "--image-size", "32",
                                         "--seq-len", "16", "--batch-size", "2", "--iters", "10", "--warmup", "3",

@@ -156,6 +156,8 @@ def run_steps(args: argparse.Namespace, state: dict, presets: list[str], names: 
     save = lambda: report.write(state, args.out)  # noqa: E731 - after every step and A/B
     for preset in presets:
         mine = state["presets"].setdefault(preset, {"truth": {}, "noise": {}, "abs": []})
+        # the commits this preset's results were measured at (an injection's hash changes with its text)
+        mine.setdefault("commits", dict(commits))
         if "truth" in steps:
             folder = raw / preset / "truth"
             entries = {"base": base, "null": base, **commits}

@@ -45,7 +45,7 @@ INJECTIONS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
     "no-overlap": ("loses the overlap: buckets are all-reduced only after backward",
                    [(DISTRIBUTED, "first_bucket_cap_mb=first_bucket_cap_mb, overlap=overlap,",
                      "first_bucket_cap_mb=first_bucket_cap_mb, overlap=False,")]),
-    "bucket-1mb": ("caps buckets at 1 MB instead of the 25 MB asked for",
+    "bucket-1mb": ("caps buckets at 1 MB instead of the cap asked for",
                    [(DISTRIBUTED, "            bucket_cap_mb=bucket_cap_mb, first_bucket_cap_mb",
                      "            bucket_cap_mb=min(bucket_cap_mb, 1.0), first_bucket_cap_mb")]),
     "barrier": ("adds a barrier per iteration after backward (an extra sync point)",
