@@ -2,7 +2,6 @@
 weights, for every bucketing, overlap, round-robin and comm-hook variant; no_sync equals accumulation."""
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 

@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve(args: argparse.Namespace) -> RunConfig:
     """The profile's config, validated (ConfigError naming a bad value)."""
-    backend, device = default_backend_and_device()
+    _backend, device = default_backend_and_device()
     lists = {name: parse_list(name, getattr(args, name)) for name in SINGLE if getattr(args, name, None) is not None}
     for name, values in lists.items():
         if len(values) != 1:

@@ -18,7 +18,7 @@ from .comm import CommModel, Link
 from .commands import DEFAULT_CAPS, TOLERANCE, caps_text, describe_profile, near_best, predict_rows, profile_warnings
 from .probe import medians
 from .profile import Profile
-from .simulate import Schedule, buckets_of, simulate
+from .simulate import Schedule, simulate
 
 MB = 1024 * 1024
 SHOWN_BUCKETS = 12  # a longer layout is summarised in the terminal (Markdown and JSON keep every bucket)

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..records import SchemaError, append_record, config_key, read_records
-from ..launch import RankFailed, RanksTimedOut
 from . import interleaved
 from .compare import MIN_PAIRED_ROUNDS, check_verdict_options, compare, format_table
 
