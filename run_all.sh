@@ -29,14 +29,14 @@ source scripts/env.sh
 default_results=results
 [ "$profile" = smoke ] && default_results=results/smoke
 export DDPBENCH_RESULTS="${DDPBENCH_RESULTS:-$default_results}"
-export DDPBENCH_MACHINE="${DDPBENCH_MACHINE:-$(python -c 'from experiments.records import machine_name; print(machine_name())')}"
+export DDPBENCH_MACHINE="${DDPBENCH_MACHINE:-$(python -c 'from experiments.core.machine import machine_name; print(machine_name())')}"
 out="$DDPBENCH_RESULTS/runs/$DDPBENCH_MACHINE"
 if [ "$rerun" = 1 ] && [ -d "$out" ]; then
   mv "$out" "$out.previous-$(date +%Y%m%dT%H%M%S)"
   echo "ddpbench: earlier records moved aside"
 fi
 status=0
-python -m experiments.profiles ${profile:+--profile "$profile"} ${only:+--only "$only"} --out-dir "$out" || status=$?
+python -m experiments main-job ${profile:+--profile "$profile"} ${only:+--only "$only"} --out-dir "$out" || status=$?
 [ "$status" = 2 ] && exit 2
 python -m analysis.report
 echo "ddpbench: records in $out; report in $DDPBENCH_RESULTS/report.md"

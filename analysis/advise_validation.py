@@ -11,14 +11,14 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.common import machine, results_dir, save
-from experiments.perfmodel.commands import measured_latency, validate
-from experiments.records import read_records
+from experiments.core.records import read_records
+from experiments.perfmodel.validation import measured_latency, prediction_errors
 
 
 def main() -> None:
     """Predicted against measured latency per run, with the runs' spread; a table and a printout."""
     folder = results_dir() / "advise"
-    rows = pd.DataFrame(validate(folder, allreduce=results_dir() / "runs" / machine()))
+    rows = pd.DataFrame(prediction_errors(folder, allreduce=results_dir() / "runs" / machine()))
     runs = [r for r in read_records(folder) if r.get("kind") == "run" and r["status"] == "ok"]
     spread = pd.DataFrame([{"model": r["config"]["model"], "impl": r["config"]["impl"], "measured_s": measured_latency(r),
                             "measured_p25_s": pd.Series(r["latency_s"]).quantile(0.25),

@@ -17,8 +17,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from experiments.records import load_records, machine_name  # noqa: E402
-from experiments.stats import cycle_means  # noqa: E402,F401  (the analysis scripts use it from here)
+from experiments.core.machine import machine_name  # noqa: E402
+from experiments.core.records import load_records
+from experiments.core.stats import cycle_means  # noqa: E402,F401  (the analysis scripts use it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ["forward", "backward", "exposed_comm", "optimizer"]

@@ -17,12 +17,13 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import caption, figure, machine, results_dir, runs, save
-from experiments.network import parse_rate
+from experiments.core.config import parse_rate
+from experiments.core.profile import find_profile
+from experiments.core.records import read_records
 from experiments.perfmodel.comm import emulated, fit
-from experiments.perfmodel.commands import measured_latency, predict_rows, recommend, validate
-from experiments.perfmodel.profile import find_profile
+from experiments.perfmodel.predict import predict_rows, recommend
 from experiments.perfmodel.simulate import Schedule
-from experiments.records import read_records
+from experiments.perfmodel.validation import measured_latency, prediction_errors
 
 FAITHFUL = 0.9  # a link is emulated faithfully when the largest messages reach this share of its rate
 SMALL_BYTES = 16 * 1024  # messages this small take a latency, not a bandwidth
@@ -138,7 +139,7 @@ def main() -> None:
         machine_comm = None
     has_profiles = machine_comm is not None and any(r.get("kind") == "profile" for r in records)
     overlap = overlap_table(records, machine_comm) if machine_comm is not None else pd.DataFrame()
-    validation = pd.DataFrame(validate(folder)) if has_profiles else pd.DataFrame()
+    validation = pd.DataFrame(prediction_errors(folder)) if has_profiles else pd.DataFrame()
     if not validation.empty:
         validation = validation[(validation["link"] != "none") & (validation["compute"] == "real")]  # (else: scale_model)
 

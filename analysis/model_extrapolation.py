@@ -17,11 +17,11 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.common import figure, machine, results_dir, save
+from experiments.core.profile import Profile
+from experiments.core.records import read_records
 from experiments.perfmodel.comm import PRESETS
 from experiments.perfmodel.gpus import TRAINING_FLOPS, estimated_seconds
-from experiments.perfmodel.profile import Profile
 from experiments.perfmodel.simulate import Schedule, simulate
-from experiments.records import read_records
 
 WORLD_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 CAPS = [0, 1, 2, 5, 10, 25, 50, 100, 200]

@@ -14,11 +14,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.common import caption, figure, machine, results_dir, runs, save
+from experiments.core.profile import find_profile
+from experiments.core.records import read_records
 from experiments.perfmodel.comm import fit
-from experiments.perfmodel.commands import DEFAULT_CAPS, measured_latency, predict_rows, recommend, validate
-from experiments.perfmodel.profile import find_profile
+from experiments.perfmodel.predict import DEFAULT_CAPS, predict_rows, recommend
 from experiments.perfmodel.simulate import Schedule
-from experiments.records import read_records
+from experiments.perfmodel.validation import measured_latency, prediction_errors
 
 
 def bucket_check(records: list[dict], comm) -> pd.DataFrame:
@@ -51,7 +52,7 @@ def main() -> None:
         save(None, pd.DataFrame(), "model_validation", note="no profile records; run `ddpbench profile`; skipped")
         return
     comm_fit = fit(records, "gloo", "cpu")
-    rows = pd.DataFrame(validate(folder))
+    rows = pd.DataFrame(prediction_errors(folder))
     # runs over emulated links: link_emulation; with emulated compute: scale_model
     rows = rows[(rows["link"] == "none") & (rows["compute"] == "real")] if not rows.empty else rows
     fig, (ax_fit, ax_val) = figure(caption(runs("e2_overlap")), ncols=2, width=5.5)

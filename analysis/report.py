@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import importlib
 import math
+from dataclasses import fields
 
 import pandas as pd
 
-from dataclasses import fields
-
-from analysis.common import (RUN_EXPERIMENTS, caption, cycle_means, job_profiles, machine, results_dir, runs,
-                             runs_folder, spread, where)
-from experiments.config import RunConfig
-from experiments.stats import ratio_of_medians
+from analysis.common import (
+    RUN_EXPERIMENTS,
+    caption,
+    cycle_means,
+    job_profiles,
+    machine,
+    results_dir,
+    runs,
+    runs_folder,
+    spread,
+    where,
+)
+from experiments.core.config import RunConfig
+from experiments.core.stats import ratio_of_medians
 
 SCRIPTS = ["e1_allreduce", "e2_overlap", "e3_bucket_size", "e4_scaling", "e5_skip_sync", "e6_convergence",
            "e7_round_robin", "e8_backends", "model_validation", "model_extrapolation", "link_emulation", "scale_model", "sweep_overhead"]

@@ -19,9 +19,9 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.common import caption, figure, runs, runs_folder, save
+from experiments.core.stats import ratio_of_medians
 from experiments.perfmodel.comm import PRESETS
-from experiments.perfmodel.commands import validate
-from experiments.stats import ratio_of_medians
+from experiments.perfmodel.validation import prediction_errors
 
 GOAL = 0.05  # emulated within 5% of real compute; dilations within 5% of K = 1
 # Faithful while the cores were busy for at most this share of the machine during measured iterations:
@@ -100,7 +100,7 @@ def intra_host_table(dilation: float) -> pd.DataFrame:
 
 def model_errors() -> pd.DataFrame:
     """The model against every emulated-compute run (validate's rows), and whether the run was faithful."""
-    rows = pd.DataFrame(validate(runs_folder()))
+    rows = pd.DataFrame(prediction_errors(runs_folder()))
     if rows.empty:
         return rows
     rows = rows[rows["compute"] == "emulated"].reset_index(drop=True)

@@ -29,11 +29,11 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ddp_core import DistributedDataParallel, GradBucket  # noqa: E402
-from experiments.harness import slowest_per_iteration  # noqa: E402
-from experiments.launch import run_ranks  # noqa: E402
-from experiments.records import environment  # noqa: E402
-from experiments.stats import paired_ratio  # noqa: E402
-from experiments.workloads import workload  # noqa: E402
+from experiments.core.machine import environment  # noqa: E402
+from experiments.core.stats import paired_ratio  # noqa: E402
+from experiments.measure.harness import slowest_per_iteration  # noqa: E402
+from experiments.measure.launch import run_ranks  # noqa: E402
+from experiments.measure.workloads import workload  # noqa: E402
 
 # name -> (wrapper, keyword arguments)
 IMPLS = {

@@ -20,11 +20,12 @@ from pathlib import Path
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from experiments.config import RunConfig, validate  # noqa: E402
-from experiments.harness import BucketTimes, Clock, build, slowest_per_iteration, train_step  # noqa: E402
-from experiments.launch import run_ranks  # noqa: E402
-from experiments.records import environment  # noqa: E402
-from experiments.stats import ratio_of_medians  # noqa: E402
+from experiments.core.config import RunConfig
+from experiments.core.machine import environment  # noqa: E402
+from experiments.core.stats import ratio_of_medians  # noqa: E402
+from experiments.measure.configs import validate  # noqa: E402
+from experiments.measure.harness import BucketTimes, Clock, build, slowest_per_iteration, train_step  # noqa: E402
+from experiments.measure.launch import run_ranks  # noqa: E402
 
 
 def alternate(rank: int, world_size: int, fields: dict, rounds: int, iters: int) -> dict:

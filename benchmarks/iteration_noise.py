@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from experiments.records import environment  # noqa: E402
-from experiments.workloads.spec import load  # noqa: E402
+from experiments.core.machine import environment  # noqa: E402
+from experiments.measure.workloads.spec import load  # noqa: E402
 
 MODELS = ("resnet-tiny", "bert-tiny")  # at the smoke preset's sizes: images 16, sequences 64, batch 4
 

@@ -1,6 +1,6 @@
 """`python -m experiments ...` is the same as `ddpbench ...`."""
 import sys
 
-from .cli import main
+from experiments.cli import main
 
 sys.exit(main())

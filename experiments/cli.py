@@ -1,4 +1,5 @@
-"""`ddpbench` (also `python -m experiments`): run, allreduce, train, compare, ab, profile, predict, tune-bucket, advise.
+"""`ddpbench` (also `python -m experiments`): the command line, wiring each sub-command to the function
+that does its work.
 
 Every input is checked before any process starts; a bad one exits with status 2, names the
 parameter, the value and what is allowed, and writes nothing.
@@ -6,22 +7,28 @@ parameter, the value and what is allowed, and writes nothing.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 from ddp_core.hooks import HOOKS
-
-from .config import (BACKENDS, COMPUTE, DEVICES, IMPLS, LIST_PARAMS, ConfigError, RunConfig, check_network_available,
-                     default_backend_and_device, expand_grid, parse_list)
-from .workloads import WORKLOADS
-from .workloads.spec import MODEL_HELP
-
-EXIT_BAD_INPUT = 2
-
+from experiments.args import EXIT_BAD_INPUT, check_folder, check_output, check_positive
+from experiments.core.config import (
+    BACKENDS,
+    COMPUTE,
+    DEVICES,
+    IMPLS,
+    LIST_PARAMS,
+    ConfigError,
+    RunConfig,
+    parse_list,
+    to_argv,
+)
+from experiments.measure import plans
+from experiments.measure.configs import check_network_available, resolve_grid
+from experiments.measure.workloads import WORKLOADS
+from experiments.measure.workloads.spec import MODEL_HELP
 
 # The allowed values of the `run` lists that take names, shown in --help.
 ALLOWED = {"model": [*sorted(WORKLOADS), MODEL_HELP], "amp": ["none", "bf16", "fp16 (CUDA)"], "impl": list(IMPLS),
@@ -54,12 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(run)
     run.add_argument("--trace", type=Path, metavar="DIR", help="write a Chrome/Perfetto trace per config here")
 
-    from . import allreduce, train  # small modules; imported here to keep one parser in one place
-    from .regression import ab, compare
+    from experiments.measure import allreduce, train  # small modules; imported here to keep one parser in one place
+    from experiments.regression import ab, compare
 
     allreduce.add_arguments(sub.add_parser("allreduce", help="all-reduce microbenchmarks (E1 and a size sweep)"))
     train.add_arguments(sub.add_parser("train", help="training loss per iteration for sync-every n (E6)"))
-    from .perfmodel import commands as perfmodel
+    from experiments.perfmodel import commands as perfmodel
 
     perfmodel.add_profile_arguments(sub.add_parser("profile", help="one-process profile for the performance model"))
     for name in ("allreduce", "train", "profile"):
@@ -67,18 +74,25 @@ def build_parser() -> argparse.ArgumentParser:
     perfmodel.add_model_arguments(sub.add_parser("predict", help="predict DDP latency from a profile (model)"), False)
     perfmodel.add_model_arguments(sub.add_parser("tune-bucket", help="recommend a bucket cap (model)"), True)
     perfmodel.add_scale_arguments(sub.add_parser("scale-profile", help="a profile scaled to a GPU's estimated time"))
-    from .perfmodel import advise
+    from experiments.perfmodel import advise
 
     advise.add_arguments(sub.add_parser("advise", help="how DDP will behave for your model: profile, predict, advise"))
     compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
     ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
-    from .regression import drill, history
+    from experiments.regression import drill, history
 
     history.add_arguments(sub.add_parser("history", help="latency per commit, recorded and plotted"))
     drill.add_arguments(sub.add_parser("drill", help="inject regressions, measure their true size, A/B them"))
-    from . import network
+    from experiments.emulate import network
 
     network.add_arguments(sub.add_parser("network", help="can this machine emulate a cluster (--link)? clean up"))
+    job = sub.add_parser("main-job", help="the main job's experiments (what ./run_all.sh runs), each into its own file")
+    job.add_argument("--profile", choices=plans.PROFILES, default=None,
+                     help="smoke, quick or full (default: full with GPUs, else quick)")
+    job.add_argument("--out-dir", type=Path, required=True, help="folder of the record files, one per experiment")
+    job.add_argument("--only", help="comma-separated experiment names (default: all)")
+    report = sub.add_parser("report", help="rebuild the main job's figures and report from its records")
+    report.add_argument("--smoke", action="store_true", help="the smoke profile's results (results/smoke/)")
     parser.set_defaults(subcommands=sub.choices)  # main() reports a sub-command's unknown options with its usage
     return parser
 
@@ -91,71 +105,46 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def resolve_run_configs(args: argparse.Namespace) -> list[RunConfig]:
     """Expand the `run` lists into validated configs, filling hardware-dependent defaults."""
-    lists = {name: parse_list(name, getattr(args, name)) for name in LIST_PARAMS if getattr(args, name) is not None}
-    backend, device = default_backend_and_device()
-    lists.setdefault("backend", [backend])
-    lists.setdefault("device", [device])
-    threads_given = "threads" in lists
-    configs = expand_grid(lists)
-    if not threads_given:
-        # Default: share the cores among the ranks of this machine.
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
-        configs = [dataclasses.replace(c, threads=max(1, (os.cpu_count() or 1) // (local_ranks or c.world_size)))
-                   for c in configs]
-    return configs
-
-
-def check_output(path: Path, flag: str = "out") -> None:
-    """Refuse an output file we could not append to, before anything runs (nothing is written)."""
-    if path.exists():
-        try:  # opening for appending writes nothing, and is the only answer root and /proc do not fool
-            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
-        except OSError as error:
-            raise ConfigError(f"--{flag}={str(path)!r} is not a writable file ({error.strerror})") from None
-        if path.is_dir():
-            raise ConfigError(f"--{flag}={str(path)!r} is a folder, not a file")
-        return
-    _check_creatable(path, flag)
-
-
-def check_folder(path: Path, flag: str) -> None:
-    """Refuse an output folder we could not write files into, before anything runs (nothing is left behind)."""
-    if path.exists():
-        if not path.is_dir():
-            raise ConfigError(f"--{flag}={str(path)!r} is not a folder")
-        _try_writing_in(path, path, flag)
-        return
-    _check_creatable(path, flag)
-
-
-def _check_creatable(path: Path, flag: str) -> None:
-    ancestor = path.parent.absolute()
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ConfigError(f"--{flag}={str(path)!r}: cannot create it, {str(ancestor)!r} is a file")
-    _try_writing_in(ancestor, path, flag)
-
-
-def _try_writing_in(folder: Path, path: Path, flag: str) -> None:
-    # Permission bits say nothing for root, and /proc or a read-only mount refuse only an actual
-    # attempt: create a temporary file there, which is removed at once.
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as error:
-        raise ConfigError(f"--{flag}={str(path)!r}: cannot create it under {str(folder)!r} "
-                          f"({error.strerror or error})") from None
-
-
-def check_positive(name: str, value: float) -> None:
-    """Raise ConfigError unless `value` > 0."""
-    if not value > 0:
-        raise ConfigError(f"--{name}={value} is not allowed; it must be > 0")
+    return resolve_grid({name: parse_list(name, getattr(args, name)) for name in LIST_PARAMS
+                         if getattr(args, name) is not None})
 
 
 def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main_job(profile: str | None, out_dir: Path, only: str | None) -> int:
+    """Run every experiment of a main-job profile through this CLI, each into out_dir/<name>.jsonl,
+    resuming finished configs; exit 2 on bad input, 1 if some config failed."""
+    import torch
+
+    profile = profile or plans.default_profile()
+    steps = plans.plan(profile, torch.cuda.device_count(), out_dir)
+    chosen = only.split(",") if only else list(steps)
+    unknown = sorted(set(chosen) - set(steps))
+    if unknown:
+        print(f"ddpbench main-job: error: --only: unknown experiment(s) {unknown}; choose from {', '.join(steps)}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    needs_network = [name for name in chosen if name.startswith(("link_", "scale_"))]
+    if needs_network:
+        from experiments.emulate import network
+
+        problems = network.check()
+        if problems:
+            print(f"== skipping the emulated cluster ({', '.join(needs_network)}): "
+                  f"this machine cannot emulate one: {'; '.join(problems)} ==", flush=True)
+            chosen = [name for name in chosen if name not in needs_network]
+    failed = 0
+    for name in chosen:
+        print(f"== {name} ({profile}) ==", flush=True)
+        step = steps[name]
+        status = main([step.command, *to_argv(step.options), "--out", str(out_dir / f"{name}.jsonl"), "--resume"])
+        if status == EXIT_BAD_INPUT:
+            return EXIT_BAD_INPUT
+        plans.note_profile(out_dir, name, profile)
+        failed += status != 0
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,24 +155,34 @@ def main(argv: list[str] | None = None) -> int:
         args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     # A polite kill (SIGTERM) unwinds like Ctrl-C, so ranks and emulated networks are removed on the way out.
     signal.signal(signal.SIGTERM, _terminate)
-    from . import allreduce, train
-    from .perfmodel import commands as perfmodel
-    from .sweep import run_sweep
+    from experiments.measure import allreduce, train
+    from experiments.measure.sweep import run_sweep
+    from experiments.perfmodel import commands as perfmodel
 
+    if args.command == "main-job":
+        return main_job(args.profile, args.out_dir, args.only)
+    if args.command == "report":
+        # The report reads results/ (DDPBENCH_RESULTS); the analysis scripts are not part of the suite's package.
+        if args.smoke:
+            os.environ.setdefault("DDPBENCH_RESULTS", str(Path(__file__).resolve().parent.parent / "results" / "smoke"))
+        import runpy
+
+        runpy.run_module("analysis.report", run_name="__main__")
+        return 0
     if args.command in ("predict", "tune-bucket"):
         return perfmodel.main(args)
     if args.command == "advise":
-        from .perfmodel import advise
+        from experiments.perfmodel import advise
 
         return advise.main(args)
     if args.command == "scale-profile":
         return perfmodel.scale_main(args)
     if args.command in ("compare", "ab", "history", "drill"):
-        from .regression import ab, compare, drill, history
+        from experiments.regression import ab, compare, drill, history
 
         return {"compare": compare, "ab": ab, "history": history, "drill": drill}[args.command].main(args)
     if args.command == "network":
-        from . import network
+        from experiments.emulate import network
 
         return network.main(args)
     try:

@@ -51,8 +51,8 @@ step allreduce_gloo_cuda 60 "$py" -m experiments allreduce --backend gloo --devi
 "$py" - "$out" <<'PY' | tee -a "$out/summary.txt"
 import sys
 from pathlib import Path
-from experiments.records import read_records
-from experiments.stats import phase_medians
+from experiments.core.records import read_records
+from experiments.core.stats import phase_medians
 out = Path(sys.argv[1])
 for name in ("runs.jsonl", "profile.jsonl", "allreduce.jsonl"):
     path = out / name

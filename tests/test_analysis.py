@@ -61,7 +61,7 @@ def test_model_is_validated_against_every_measured_run(smoke):
 
 @pytest.mark.timeout(900)
 def test_the_emulated_part_is_measured_and_reported_beside_loopback(smoke):
-    from experiments.network import check
+    from experiments.emulate.network import check
 
     problems = check()
     if problems:
@@ -86,7 +86,7 @@ def test_the_emulated_part_is_measured_and_reported_beside_loopback(smoke):
 
 @pytest.mark.timeout(900)
 def test_smoke_report_names_its_folder_and_hardware_and_says_it_checks_plumbing(smoke):
-    from experiments.records import environment
+    from experiments.core.machine import environment
 
     results, _ = smoke
     report = (results / "report.md").read_text()
@@ -100,9 +100,10 @@ def test_smoke_report_names_its_folder_and_hardware_and_says_it_checks_plumbing(
 
 
 def test_repeats_of_one_config_that_disagree_are_listed():
-    from analysis.report import disagreeing_repeats
-    from experiments.config import RunConfig
     import dataclasses
+
+    from analysis.report import disagreeing_repeats
+    from experiments.core.config import RunConfig
 
     def frame(*rows):
         return pd.DataFrame([{**dataclasses.asdict(RunConfig(**config)), "latency_s": samples}

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 import ddp_core
 from ddp_core import DistributedDataParallel
-from experiments.launch import run_ranks
+from experiments.measure.launch import run_ranks
 from tests.tiny_models import build, make_batch
 
 IMPLS = {"ddp_core": DistributedDataParallel, "torch": TorchDDP}

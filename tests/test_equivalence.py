@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ddp_core import DistributedDataParallel
-from experiments.launch import run_ranks
+from experiments.measure.launch import run_ranks
 from tests.tiny_models import build, loss_of, make_batch, make_optimizer, train_locally
 
 MODELS = ["cnn_bn", "bert", "frozen", "branchy"]

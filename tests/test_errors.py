@@ -7,7 +7,7 @@ from torch import nn
 
 import ddp_core
 from ddp_core import DistributedDataParallel
-from experiments.launch import RankFailed, RanksTimedOut, run_ranks
+from experiments.measure.launch import RankFailed, RanksTimedOut, run_ranks
 from tests.tiny_models import build, loss_of, make_batch
 
 

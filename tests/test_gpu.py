@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import ddp_core
 from ddp_core import DistributedDataParallel
-from experiments.launch import run_ranks
+from experiments.measure.launch import run_ranks
 from tests.tiny_models import build, loss_of, make_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from experiments import network
 from experiments.cli import main
-from experiments.config import RunConfig
-from experiments.records import read_records
-from experiments.sweep import run_jobs
+from experiments.core.config import RunConfig
+from experiments.core.records import read_records
+from experiments.emulate import network
+from experiments.measure.sweep import run_jobs
 from tests.test_runner import ROOT, TINY, _alive, flaky_measure
 
 PROBLEMS = network.check()

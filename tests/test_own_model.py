@@ -7,9 +7,9 @@ import re
 import pytest
 
 from experiments.cli import main
-from experiments.config import expand_grid
-from experiments.records import config_key, read_records
-from experiments.sweep import run_sweep
+from experiments.core.records import config_key, read_records
+from experiments.measure.configs import expand_grid
+from experiments.measure.sweep import run_sweep
 
 EXAMPLE = "examples/my_model.py"
 GPT2_TINY = "n_layer=2,n_embd=32,n_head=2,vocab_size=500"

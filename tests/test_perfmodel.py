@@ -5,9 +5,9 @@ import json
 import pytest
 
 from experiments.cli import main
+from experiments.core.profile import Profile, find_profile
 from experiments.perfmodel.comm import PRESETS, CommModel, Link, fit
-from experiments.perfmodel.commands import recommend
-from experiments.perfmodel.profile import Profile, find_profile
+from experiments.perfmodel.predict import recommend
 from experiments.perfmodel.simulate import Schedule, buckets_of, simulate
 
 MB = 1024 * 1024
@@ -122,7 +122,7 @@ def test_recommend_prefers_the_smaller_cap_among_near_ties():
 
 
 def test_near_ties_are_named_as_a_range_of_caps():
-    from experiments.perfmodel.commands import caps_text, near_best
+    from experiments.perfmodel.predict import caps_text, near_best
 
     rows = [{"bucket_mb": 5, "latency_ms": 100.5}, {"bucket_mb": 50, "latency_ms": 100.0},
             {"bucket_mb": 25, "latency_ms": 100.9}, {"bucket_mb": 0, "latency_ms": 130.0}]

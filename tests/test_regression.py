@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 
 from experiments.cli import main
+from experiments.core.machine import machine_name
+from experiments.core.records import append_record, read_records
 from experiments.regression import history
 from experiments.regression.compare import compare
-from experiments.records import append_record, machine_name, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,7 +202,7 @@ def test_history_records_plots_and_skips_what_is_recorded(tmp_path, monkeypatch,
     assert before == {c: (folder / f"{c}.jsonl").read_bytes() for c in (base, slow, broken)}
     assert figure.exists()
     # Once the preset's arguments change, those records measure something else: they no longer count.
-    changed = {**history.PRESETS["quick"], "args": [*history.PRESETS["quick"]["args"], "--seed", "1"]}
+    changed = {**history.PRESETS["quick"], "grid": {**history.PRESETS["quick"]["grid"], "seed": [1]}}
     monkeypatch.setitem(history.PRESETS, "quick", changed)
     assert history.closing_record(folder / f"{base}.jsonl", "quick") is None
 

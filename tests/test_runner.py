@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.config import ConfigError, RunConfig, expand_grid, validate
-from experiments.records import SchemaError, append_record, load_records, read_records
-from experiments.stats import phase_medians, slowest_rank_per_cycle
-from experiments.sweep import run_jobs
+from experiments.core.config import ConfigError, RunConfig
+from experiments.core.records import SchemaError, append_record, load_records, read_records
+from experiments.core.stats import phase_medians, slowest_rank_per_cycle
+from experiments.measure.configs import expand_grid, validate
+from experiments.measure.sweep import run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "resnet-tiny", "--image-size", "16", "--batch-size", "2", "--iters", "3", "--warmup", "1"]
@@ -213,7 +214,7 @@ def test_a_crashing_or_hanging_rank_is_recorded_as_failed_and_the_sweep_goes_on(
 
 
 def test_summary_lines_show_what_differs_and_warnings_say_what_is_wrong(tmp_path, capsys):
-    from experiments.sweep import summary_line, varying_fields, warn_already_recorded, warn_oversubscribed
+    from experiments.measure.sweep import summary_line, varying_fields, warn_already_recorded, warn_oversubscribed
 
     jobs = [RunConfig(threads=1), RunConfig(threads=2)]
     records = [{"status": "ok", "config": dataclasses.asdict(job), "summary": {"p50": 0.01}} for job in jobs]
@@ -236,7 +237,7 @@ def test_ctrl_c_before_any_config_finished_does_not_point_to_records(tmp_path, c
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("experiments.sweep.run_sweep", interrupted)
+    monkeypatch.setattr("experiments.measure.sweep.run_sweep", interrupted)
     out = tmp_path / "r.jsonl"
     assert main(["run", *TINY, "--out", str(out)]) == 130
     err = capsys.readouterr().err

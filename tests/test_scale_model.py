@@ -10,16 +10,15 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import ddp_core
-from experiments import network
 from experiments.cli import main
-from experiments.launch import run_ranks
+from experiments.core.profile import ComputeProfileError, Profile
+from experiments.core.records import append_record, read_records
+from experiments.emulate import network
+from experiments.emulate.compute import StandIn, StandInOptimizer, model_layout
+from experiments.measure.launch import run_ranks
+from experiments.measure.workloads import workload
 from experiments.perfmodel.comm import CommModel, Link, scale_model
 from experiments.perfmodel.gpus import estimated_seconds, scale_profile_record
-from experiments.perfmodel.profile import Profile
-from experiments.records import append_record, read_records
-from experiments.workloads import workload
-from experiments.workloads.emulated import (ComputeProfileError, StandIn, StandInOptimizer,
-                                            model_layout)
 
 FORWARD, STEP, GAP = 0.010, 0.005, 0.004  # seconds: the synthetic profile's forward, step, and gap between gradients
 

@@ -17,13 +17,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..config import ConfigError, RunConfig, default_backend_and_device, expand_grid, parse_list, validate_backend
-from ..records import machine_name, read_records
-from . import probe
-from . import profile as profiling
-from .comm import PRESETS
-from .commands import comm_model
-from .report import build_report, format_markdown, format_terminal, write_outputs
+from experiments.core.config import ConfigError, RunConfig, default_backend_and_device, parse_list, validate_backend
+from experiments.core.machine import machine_name
+from experiments.core.records import read_records
+from experiments.measure.configs import expand_grid
+from experiments.perfmodel import probe
+from experiments.perfmodel import profiler as profiling
+from experiments.perfmodel.comm import PRESETS, CommModel
+from experiments.perfmodel.predict import comm_model
+from experiments.perfmodel.report import build_report, format_markdown, format_terminal, write_outputs
 
 SINGLE = ("model", "model_config", "amp", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup",
           "device")
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`ddpbench advise`'s options."""
     defaults = RunConfig()
     parser.add_argument("--model", required=True, help="the model: a built-in name, torchvision:NAME, "
-                        "transformers:TYPE, path/to/file.py or package.module (README 'Your own model')")
+                        "transformers:TYPE, path/to/file.py or package.module (docs/your-model.md)")
     parser.add_argument("--model-config", dest="model_config", help="key=value,... for --model")
     parser.add_argument("--amp", help="none (default), bf16, fp16 (CUDA)")
     for name in ("batch_size", "image_size", "seq_len", "iters", "warmup"):
@@ -82,14 +84,14 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     return config
 
 
-def network_args(args: argparse.Namespace, config: RunConfig) -> argparse.Namespace:
-    """The options `commands.comm_model` reads, from advise's."""
+def network(args: argparse.Namespace, config: RunConfig) -> CommModel:
+    """The network advise predicts for: --cluster, or this machine's all-reduce records (--allreduce,
+    default results/runs/<machine>) behind --link if given."""
     allreduce = args.allreduce or Path("results") / "runs" / machine_name()
     if args.cluster is None and not allreduce.exists():
         raise ConfigError(f"--allreduce: no all-reduce records at {allreduce}; measure them with `ddpbench allreduce "
                           f"--mode size --world-size 2 --out {allreduce}/allreduce.jsonl`, or pass --cluster")
-    return argparse.Namespace(cluster=args.cluster, link=args.link, ranks_per_host=args.ranks_per_host,
-                              allreduce=allreduce, backend=config.backend, device=config.device)
+    return comm_model(args.cluster, allreduce, args.link, args.ranks_per_host, config.backend, config.device)
 
 
 def measure(rank: int, world_size: int, config_fields: dict) -> dict:
@@ -116,13 +118,12 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     """Profile, predict, print the report (and write it with --out); 2 on bad input, 1 if measuring failed."""
-    from ..cli import check_output
-    from ..sweep import run_jobs
+    from experiments.args import check_output
+    from experiments.measure.sweep import run_jobs
 
     try:
         config = resolve(args)
-        net = network_args(args, config)
-        comm = comm_model(net)
+        comm = network(args, config)
         if args.out is not None:
             for suffix in (".md", ".json", ".profile.jsonl"):
                 check_output(args.out.with_name(args.out.name + suffix))
@@ -133,7 +134,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"ddpbench advise: error: {error}", file=sys.stderr)
         return 2
     if stored is not None:
-        return _report(stored, comm, net, args, args.from_profile)
+        return _report(stored, comm, args, args.from_profile)
     kept: list[dict] = []
     with tempfile.TemporaryDirectory() as scratch:
         records = (args.out.with_name(args.out.name + ".profile.jsonl") if args.out is not None
@@ -148,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
                           echo=lambda line: print(line, file=sys.stderr))
     if counts["failed"] and not (kept and "probes" in kept[0]):
         return 1  # the ranks' error is printed above
-    return _report(kept[0], comm, net, args, records if args.out is not None else None)
+    return _report(kept[0], comm, args, records if args.out is not None else None)
 
 
 def _stored(path: Path, model: str) -> dict:
@@ -162,8 +163,8 @@ def _stored(path: Path, model: str) -> dict:
     return found[-1]
 
 
-def _report(record: dict, comm, net, args, profile_path: Path | None) -> int:
-    report = build_report(record, comm, net, args, profile_path)
+def _report(record: dict, comm, args, profile_path: Path | None) -> int:
+    report = build_report(record, comm, args, profile_path)
     print(format_terminal(report))
     if args.out is not None:
         write_outputs(report, args.out, format_markdown(report))

@@ -1,4 +1,4 @@
-"""`ddpbench profile | predict | tune-bucket`, and `validate`, which the analysis scripts call.
+"""The command line of `ddpbench profile | predict | tune-bucket | scale-profile` (the library: predict.py).
 
     ddpbench profile --model resnet50,bert-base --image-size 32 --seq-len 16 --batch-size 2 --out P.jsonl
     ddpbench profile --model resnet50 --colocated 1,2 --out P.jsonl    # also as 2 ranks sharing this host
@@ -14,21 +14,35 @@ import argparse
 import dataclasses
 import itertools
 import json
-import math
-import statistics
 from pathlib import Path
 
-from ..config import (ConfigError, RunConfig, default_backend_and_device, expand_grid, parse_ints, parse_list,
-                      validate_backend, validate_network)
-from ..network import parse_rate
-from ..records import read_records
-from ..stats import cycle_means
-from .comm import PRESETS, CommModel, Link, emulated, fit, scale_model
-from .gpus import PEAK_FP32_FLOPS, TRAINING_FLOPS, scale_profile_record
-from .profile import PROFILE_KEYS, Profile, config_value, find_profile, profile_config
-from .simulate import Schedule, simulate
+from experiments.core.config import (
+    ConfigError,
+    RunConfig,
+    default_backend_and_device,
+    parse_ints,
+    parse_list,
+    validate_backend,
+)
+from experiments.core.profile import Profile, config_value
+from experiments.core.records import read_records
+from experiments.measure.configs import expand_grid
+from experiments.perfmodel.comm import PRESETS
+from experiments.perfmodel.gpus import PEAK_FP32_FLOPS, TRAINING_FLOPS, scale_profile_record
+from experiments.perfmodel.predict import (
+    DEFAULT_CAPS,
+    TOLERANCE,
+    caps_text,
+    comm_model,
+    describe_profile,
+    format_rows,
+    near_best,
+    predict_rows,
+    profile_warnings,
+)
+from experiments.perfmodel.profiler import profile_config
+from experiments.perfmodel.simulate import Schedule
 
-DEFAULT_CAPS = "0,1,5,10,25,50,100,200"  # the caps E3 measures, so that a recommendation can be checked
 # The RunConfig fields `ddpbench profile` takes (model_config: ';' between configurations, as in `run`).
 PROFILED = ("model", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device", "model_config", "amp")
 
@@ -60,8 +74,8 @@ def resolve(args: argparse.Namespace) -> list[RunConfig]:
 
 def run(configs: list[RunConfig], args: argparse.Namespace) -> dict:
     """Profile every config not yet recorded (see sweep.run_jobs)."""
-    from ..sweep import run_jobs
-    from .profile import make_record, measure
+    from experiments.measure.sweep import run_jobs
+    from experiments.perfmodel.profiler import make_record, measure
 
     return run_jobs(configs, args.out, measure, make_record, "profile", resume=args.resume, timeout=args.timeout)
 
@@ -96,22 +110,6 @@ def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
     parser.add_argument("--process-groups", default="1", help="comma-separated round-robin group counts")
     parser.add_argument("--overlap", default="on", help="on, off, or on,off")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def comm_model(args: argparse.Namespace) -> CommModel:
-    """The network: a named preset, or a fit to this machine's all-reduce records (behind --link, if given)."""
-    if args.cluster is not None:
-        if args.cluster not in PRESETS:
-            raise ConfigError(f"--cluster={args.cluster!r} is unknown; choose one of {', '.join(PRESETS)}")
-        if args.link != "none":
-            raise ConfigError("--link needs --allreduce (this machine's fit), not --cluster")
-        return PRESETS[args.cluster]
-    validate_network(args.link, args.ranks_per_host)
-    try:
-        machine = fit(read_records(args.allreduce), args.backend, args.device).model
-    except (FileNotFoundError, ValueError) as error:
-        raise ConfigError(f"--allreduce={str(args.allreduce)!r}: {error}") from None
-    return machine if args.link == "none" else emulated(machine, args.link, parse_rate(args.link), args.ranks_per_host)
 
 
 def chosen_profile(args: argparse.Namespace) -> Profile:
@@ -160,82 +158,13 @@ def schedules(args: argparse.Namespace) -> list[Schedule]:
                 parse_ints("process-groups", args.process_groups, 1), overlaps)]
 
 
-def predict_rows(profile: Profile, comm: CommModel, plans: list[Schedule]) -> list[dict]:
-    """One row per schedule: the prediction in milliseconds and its breakdown."""
-    rows = []
-    for plan in plans:
-        prediction = simulate(profile, comm, plan)
-        rows.append({**dataclasses.asdict(plan), "latency_ms": prediction.latency * 1e3,
-                     **{f"{k}_ms": v * 1e3 for k, v in prediction.breakdown.items()},
-                     "buckets": len(prediction.buckets)})
-    return rows
-
-
-TOLERANCE = 0.01  # predictions closer than this are ties: the model is not that exact
-
-
-def near_best(rows: list[dict], tolerance: float = TOLERANCE) -> list[dict]:
-    """The rows whose predicted latency is within `tolerance` of the smallest, by cap."""
-    best = min(row["latency_ms"] for row in rows)
-    return sorted((row for row in rows if row["latency_ms"] <= best * (1 + tolerance)), key=lambda row: row["bucket_mb"])
-
-
-def recommend(rows: list[dict], tolerance: float = TOLERANCE) -> dict:
-    """The best cap: the smallest predicted latency, preferring the smaller cap within `tolerance`
-    (a smaller cap starts communication earlier and needs less memory for the same speed)."""
-    return near_best(rows, tolerance)[0]
-
-
-def caps_text(near: list[float], caps: list[float]) -> str:
-    """The near-best caps as text: a range `X-Y MB` where they are neighbours among `caps`, else a list."""
-    caps = sorted(set(caps))
-    first, last = caps.index(near[0]), caps.index(near[-1])
-    if caps[first:last + 1] == near:
-        return f"{near[0]:g}-{near[-1]:g} MB"
-    return ", ".join(f"{cap:g}" for cap in near) + " MB"
-
-
-def describe_profile(profile: Profile, source: Path, compute_s: float | None) -> str:
-    """Which profile a prediction rests on: model, device, inputs, threads, co-located copies, file."""
-    c = profile.config
-    copies = "alone (1 copy)" if c["world_size"] == 1 else f"as {c['world_size']} co-located copies"
-    scaled = f", scaled to {compute_s:g} s of compute per iteration (--compute-s)" if compute_s else ""
-    if profile.scaled_to:
-        scaled += (f", scaled to {profile.scaled_to['device']} at inputs {profile.scaled_to['inputs']} "
-                   f"({profile.scaled_to['compute_s'] * 1e3:.1f} ms per iteration)")
-    return (f"profile: {c['model']} on {c['device']}, batch {c['batch_size']}, image size {c['image_size']}, "
-            f"sequence length {c['seq_len']}, {c['threads']} thread(s), measured {copies}{scaled}; from {source}")
-
-
-def profile_warnings(profile: Profile, args: argparse.Namespace) -> list[str]:
-    """Warnings about a profile that does not fit the cluster asked for."""
-    if (args.cluster and "nccl" in args.cluster and profile.config["device"] == "cpu" and args.compute_s is None
-            and not profile.scaled_to):
-        return [f"a CPU profile used for the GPU cluster --cluster={args.cluster}: the compute times are this CPU's, "
-                "far longer than a GPU's, so communication looks cheap; pass --compute-s with the GPU's compute "
-                "seconds per iteration, or profile on a GPU (ddpbench profile --device cuda)"]
-    return []
-
-
-def format_rows(rows: list[dict]) -> str:
-    """A plain-text table of prediction rows."""
-    header = (f"{'ranks':>6} {'cap MB':>7} {'overlap':>7} {'every':>5} {'groups':>6} {'buckets':>7} "
-              f"{'latency ms':>10} {'fwd':>7} {'bwd':>7} {'comm':>7} {'tail':>6} {'opt':>6}")
-    lines = [header]
-    for r in rows:
-        lines.append(f"{r['world_size']:>6} {r['bucket_mb']:>7g} {'on' if r['overlap'] else 'off':>7} "
-                     f"{r['sync_every']:>5} {r['process_groups']:>6} {r['buckets']:>7} {r['latency_ms']:>10.2f} "
-                     f"{r['forward_ms']:>7.2f} {r['backward_ms']:>7.2f} {r['exposed_comm_ms']:>7.2f} "
-                     f"{r['tail_ms']:>6.2f} {r['optimizer_ms']:>6.2f}")
-    return "\n".join(lines)
-
-
 def main(args: argparse.Namespace) -> int:
     """`predict` and `tune-bucket`: print predictions (and the recommended cap); 2 on bad input."""
     import sys
 
     try:
-        comm, profile, plans = comm_model(args), chosen_profile(args), schedules(args)
+        comm = comm_model(args.cluster, args.allreduce, args.link, args.ranks_per_host, args.backend, args.device)
+        profile, plans = chosen_profile(args), schedules(args)
         if args.command == "tune-bucket" and len({(s.world_size, s.sync_every, s.process_groups, s.overlap)
                                                  for s in plans}) > 1:
             raise ConfigError("tune-bucket takes one value each of --world-size, --sync-every, --process-groups "
@@ -243,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return 2
-    for warning in profile_warnings(profile, args):
+    for warning in profile_warnings(profile, args.cluster, args.compute_s):
         print(f"ddpbench {args.command}: warning: {warning}", file=sys.stderr)
     rows = predict_rows(profile, comm, plans)
     result = {"model": profile.model, "profile": profile.config, "network": comm.name, "source": comm.source,
@@ -281,7 +210,7 @@ def scale_main(args: argparse.Namespace) -> int:
     """Append each model's newest profile, scaled to --gpu, to --out; 2 on bad input."""
     import sys
 
-    from ..records import append_record
+    from experiments.core.records import append_record
 
     try:
         if args.gpu not in PEAK_FP32_FLOPS:
@@ -315,89 +244,4 @@ def scale_main(args: argparse.Namespace) -> int:
               f"(x{s['factor']:.3g} the measured profile; {s['basis']}) -> {args.out}")
     return 0
 
-
-def measured_latency(record: dict) -> float:
-    """A run record's latency as the model predicts it: the median, or for reduce-every-n the median
-    of the mean over each cycle of n iterations."""
-    return statistics.median(cycle_means(record["latency_s"], record["config"]["sync_every"]))
-
-
-def validate(runs: Path, backend: str = "gloo", device: str = "cpu", allreduce: Path | None = None) -> list[dict]:
-    """Predicted against measured latency for every ddp_core run under `runs` that has a profile there.
-
-    The network is fitted to the all-reduce records under `runs` (never to the runs themselves), or
-    under `allreduce` where given.
-    """
-    records = read_records(runs)
-    try:
-        machine = fit(read_records(allreduce) if allreduce is not None else records, backend, device).model
-    except ValueError:
-        machine = None  # no loopback all-reduce records: only emulated-compute runs with their own fit are predicted
-    loopback: dict[int, CommModel] = {}  # per world size, for the scale model's hosts
-    rows = []
-    for record in records:
-        c = record["config"]
-        if (record.get("kind") != "run" or record["status"] != "ok" or c["impl"] == "torch"
-                or c["comm_hook"] != "none" or c["backend"] != backend or c["device"] != device):
-            continue
-        link, ranks_per_host = c.get("link", "none"), c.get("ranks_per_host", 1)
-        rate = None if link == "none" else parse_rate(link)
-        if c.get("compute", "real") == "emulated":  # the stand-in replays its profile; the cores only communicate
-            profile = _compute_profile(c, Path(runs))
-            if profile is None or c["world_size"] not in loopback and not _fit_into(loopback, records, c, backend, device):
-                continue
-            comm = scale_model(loopback[c["world_size"]], link, rate, ranks_per_host, c["time_dilation"])
-        else:
-            if machine is None:
-                continue
-            profile = find_profile(records, c, (record.get("env") or {}).get("time"))
-            # Over an emulated link: the link's configured rate, never a fit to these runs.
-            comm = machine if link == "none" else emulated(machine, link, rate, ranks_per_host)
-        if profile is None:
-            continue
-        plan = Schedule(world_size=c["world_size"], bucket_mb=c["bucket_mb"], overlap=c["impl"] == "ddp_core",
-                        sync_every=c["sync_every"], process_groups=c["process_groups"])
-        predicted = simulate(profile, comm, plan).latency
-        measured = measured_latency(record)
-        rows.append({**{k: config_value(c, k) for k in ("model", "world_size", "bucket_mb", "impl", "sync_every",
-                                                         "process_groups", *PROFILE_KEYS)}, "link": link,
-                     "ranks_per_host": ranks_per_host, "compute": c.get("compute", "real"),
-                     "time_dilation": c.get("time_dilation", 1.0), "busy_share": _busy_share(record),
-                     "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})
-    return rows
-
-
-def _busy_share(record: dict) -> float | None:
-    """The share of the machine's cores busy during a run's measured iterations (None where unknown)."""
-    busy, cores = (record.get("timing") or {}).get("cores_busy"), (record.get("env") or {}).get("cpu_count")
-    return None if busy is None or not cores else busy / cores
-
-
-def _compute_profile(config: dict, runs: Path) -> Profile | None:
-    """The profile an emulated-compute run replayed: its --compute-profile, or a file of that name
-    under `runs` (records moved with their profiles); None where neither exists."""
-    from ..workloads.emulated import ComputeProfileError, load_compute_profile
-
-    path = Path(config["compute_profile"])
-    folder = runs if runs.is_dir() else runs.parent
-    for candidate in (path, folder / path.name):
-        if candidate.exists():
-            try:
-                return load_compute_profile(candidate, config["model"], config["world_size"]).profile
-            except ComputeProfileError:
-                return None
-    return None
-
-
-def _fit_into(loopback: dict, records: list[dict], config: dict, backend: str, device: str) -> bool:
-    """Fit this machine's loopback all-reduce at the config's world size into `loopback`; False where
-    too few records of that world size exist (`scale_loopback` of the main job measures them)."""
-    if config["world_size"] == 1:  # one rank communicates with nobody
-        loopback[1] = CommModel(name="one rank", intra=Link(alpha=0.0, busbw=math.inf))
-        return True
-    try:
-        loopback[config["world_size"]] = fit(records, backend, device, config["world_size"]).model
-    except ValueError:
-        return False
-    return True
 

@@ -35,7 +35,7 @@ def estimated_seconds(model: str, gpu: str) -> float:
 def scale_profile_record(record: dict, gpu: str) -> dict:
     """A copy of a profile record whose every time is scaled to `gpu`'s estimated compute time,
     saying so under `scaled_to` (the gpu, the factor, the basis, and the inputs the estimate assumes)."""
-    from .profile import Profile
+    from experiments.core.profile import Profile
 
     model = record["config"]["model"]
     seconds = estimated_seconds(model, gpu)

@@ -16,10 +16,9 @@ import torch
 import torch.distributed as dist
 
 import ddp_core
-
-from ..config import RunConfig
-from ..harness import build, train_step
-from ..workloads.spec import model_size
+from experiments.core.config import RunConfig
+from experiments.measure.harness import build, train_step
+from experiments.measure.workloads.base import model_size
 
 
 def _seconds(fn, device: torch.device) -> float:

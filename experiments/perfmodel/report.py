@@ -13,12 +13,19 @@ import statistics
 from pathlib import Path
 
 from ddp_core.bucketing import TensorSpec, assign_buckets
-
-from .comm import CommModel, Link
-from .commands import DEFAULT_CAPS, TOLERANCE, caps_text, describe_profile, near_best, predict_rows, profile_warnings
-from .probe import medians
-from .profile import Profile
-from .simulate import Schedule, simulate
+from experiments.core.profile import Profile
+from experiments.perfmodel.comm import CommModel, Link
+from experiments.perfmodel.predict import (
+    DEFAULT_CAPS,
+    TOLERANCE,
+    caps_text,
+    describe_profile,
+    near_best,
+    predict_rows,
+    profile_warnings,
+)
+from experiments.perfmodel.probe import medians
+from experiments.perfmodel.simulate import Schedule, simulate
 
 MB = 1024 * 1024
 SHOWN_BUCKETS = 12  # a longer layout is summarised in the terminal (Markdown and JSON keep every bucket)
@@ -52,7 +59,7 @@ def _figure(figures: list, what: str, value: str, kind: str, number: float | Non
     figures.append({"figure": what, "value": value, "kind": kind, "number": number})
 
 
-def build_report(record: dict, comm: CommModel, net, args, profile_path: Path | None) -> dict:
+def build_report(record: dict, comm: CommModel, args, profile_path: Path | None) -> dict:
     """Every figure of the report, from the advise record (profile + probes) and the network."""
     c = record["config"]
     probes = medians(record["probes"])
@@ -82,7 +89,7 @@ def build_report(record: dict, comm: CommModel, net, args, profile_path: Path | 
     if args.compute_s:
         profile = profile.scaled(args.compute_s / profile.compute)
     report["profile"] = describe_profile(profile, profile_path or "(not kept: pass --out)", args.compute_s)
-    report["warnings"] += profile_warnings(profile, args)
+    report["warnings"] += profile_warnings(profile, args.cluster, args.compute_s)
     iterations = [sum(row[k] for k in ("forward", "backward", "tail", "optimizer")) for row in record["synced"]]
     quartiles = statistics.quantiles(iterations, n=4) if len(iterations) > 1 else [iterations[0]] * 3
     _figure(figures, "compute per iteration, the profile (forward / backward / optimizer)",

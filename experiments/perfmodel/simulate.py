@@ -22,9 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ddp_core.bucketing import TensorSpec, assign_buckets
-
-from .comm import CommModel
-from .profile import Profile
+from experiments.core.profile import Profile
+from experiments.perfmodel.comm import CommModel
 
 
 @dataclass(frozen=True)

@@ -17,43 +17,45 @@ import contextlib
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ..config import ConfigError
-from ..records import SchemaError, append_record, config_key, read_records
-from . import interleaved
-from .compare import MIN_PAIRED_ROUNDS, check_verdict_options, compare, format_table
+from experiments.core.config import ConfigError, to_argv
+from experiments.core.git import git, resolve_commit
+from experiments.core.machine import cpu_seconds, other_cores_busy
+from experiments.core.records import SchemaError, append_record, config_key, read_records
+from experiments.regression import interleaved
+from experiments.regression.compare import MIN_PAIRED_ROUNDS, check_verdict_options, compare, format_table
 
-# preset -> the `ddpbench run` arguments (without --out), the default number of A/B rounds in fresh
+# preset -> its grid of `run` parameters (typed values, as expand_grid takes them), the default number of A/B rounds in fresh
 # processes, and the measured seconds per config of an interleaved A/B with its replicas of the model
 # per revision (see interleaved.py; the paper's models: one, for memory)
 PRESETS = {
     # tiny models: the whole A/B ends within 5 minutes on 2 cores. Sequence length 64, not 16: run alone,
     # bert-tiny's median moved by up to 30% from one process to the next at 16, by 1% at 64 (after
-    # resnet-tiny in the same processes it still moves by 10-25%; see the README's validation).
-    "smoke": {"replicas": 3, "rounds": 8, "seconds": 20, "args": ["--model", "resnet-tiny,bert-tiny", "--world-size", "2", "--image-size", "16",
-                                    "--seq-len", "64", "--batch-size", "4", "--iters", "30", "--warmup", "5",
-                                    "--threads", "1"]},
+    # resnet-tiny in the same processes it still moves by 10-25%; see docs/drill.md).
+    "smoke": {"replicas": 3, "rounds": 8, "seconds": 20,
+              "grid": {"model": ["resnet-tiny", "bert-tiny"], "world_size": [2], "image_size": [16], "seq_len": [64],
+                       "batch_size": [4], "iters": [30], "warmup": [5], "threads": [1]}},
     # one tiny model and few iterations: for tests and for trying the tools, too short to trust
-    "quick": {"replicas": 3, "rounds": 3, "seconds": 3, "args": ["--model", "bert-tiny", "--world-size", "2", "--seq-len", "16", "--batch-size", "4",
-                                    "--iters", "10", "--warmup", "2", "--threads", "1"]},
+    "quick": {"replicas": 3, "rounds": 3, "seconds": 3,
+              "grid": {"model": ["bert-tiny"], "world_size": [2], "seq_len": [16], "batch_size": [4], "iters": [10],
+                       "warmup": [2], "threads": [1]}},
     # resnet-tiny on 2 emulated hosts behind a 2.5 Gbit/s link, where communication is about half of the
     # iteration without overlap: the regressions that only show where communication matters (overlap lost,
     # smaller buckets). 5 MB buckets, so that its 18.7 MB of gradients fill several buckets and overlap
     # with backward (measured: 105 ms, 122 ms without overlap); at 25 MB they all wait in one bucket for
     # the end of backward, and there is no overlap to lose. Needs root (`ddpbench network --check`).
-    "link": {"replicas": 3, "rounds": 6, "seconds": 30, "args": ["--model", "resnet-tiny", "--world-size", "2", "--image-size", "32",
-                                   "--batch-size", "8", "--bucket-mb", "5", "--iters", "20", "--warmup", "3",
-                                   "--threads", "1", "--link", "2.5gbit"]},
+    "link": {"replicas": 3, "rounds": 6, "seconds": 30,
+              "grid": {"model": ["resnet-tiny"], "world_size": [2], "image_size": [32], "batch_size": [8],
+                       "bucket_mb": [5.0], "iters": [20], "warmup": [3], "threads": [1], "link": ["2.5gbit"]}},
     # the paper's models at the CPU input sizes of the main job
-    "paper-cpu": {"replicas": 1, "rounds": 4, "seconds": 60, "args": ["--model", "resnet50,bert-base", "--world-size", "2", "--image-size", "32",
-                                        "--seq-len", "16", "--batch-size", "2", "--iters", "10", "--warmup", "3",
-                                        "--threads", "1"]},
+    "paper-cpu": {"replicas": 1, "rounds": 4, "seconds": 60,
+              "grid": {"model": ["resnet50", "bert-base"], "world_size": [2], "image_size": [32], "seq_len": [16],
+                       "batch_size": [2], "iters": [10], "warmup": [3], "threads": [1]}},
 }
 
 
@@ -64,14 +66,6 @@ QUIET = 0.2  # cores other processes may keep busy before ab calls the machine n
 # A run on a busy machine is measured again this many times at most: in the drill's truth runs, runs
 # during which other processes kept 0.4-0.8 cores busy were the outliers of the per-round ratios.
 QUIET_RETRIES = 2
-
-
-def git(*args: str, cwd: Path) -> str:
-    """Run git; raise ConfigError with its message if it fails."""
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ConfigError(f"git {' '.join(args)}: {done.stderr.strip()}")
-    return done.stdout.strip()
 
 
 @contextlib.contextmanager
@@ -89,34 +83,17 @@ def worktrees(repo: Path, commits: dict[str, str], parent: Path):
         subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
 
 
-def cpu_seconds() -> tuple[float, float] | None:
-    """CPU seconds used so far by every process on the machine (/proc/stat) and by this process's
-    finished children; None where /proc/stat is missing."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
-    return busy / os.sysconf("SC_CLK_TCK"), children.ru_utime + children.ru_stime
-
-
-def other_cores_busy(before: tuple[float, float] | None, after: tuple[float, float] | None,
-                     wall: float) -> float | None:
-    """The cores that processes other than this one's children kept busy on average between two
-    cpu_seconds() readings `wall` seconds apart; None where /proc/stat is missing."""
-    if before is None or after is None:
-        return None
-    return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
+def preset_args(preset: str) -> list[str]:
+    """The preset's grid as `ddpbench run` arguments (a revision under test is run through its own CLI)."""
+    return to_argv(PRESETS[preset]["grid"])
 
 
 def run_commands(preset: str, separate: bool) -> list[list[str]]:
     """The `ddpbench run` argument lists of one round of the preset: one list, or with `separate` one
-    per model of its --model list (each model then runs in processes of its own)."""
-    args = PRESETS[preset]["args"]
-    at = args.index("--model") + 1
-    models = args[at].split(",") if separate else [args[at]]
-    return [[*args[:at], model, *args[at + 1:]] for model in models]
+    per model of its model list (each model then runs in processes of its own)."""
+    grid = PRESETS[preset]["grid"]
+    models = [[model] for model in grid["model"]] if separate else [grid["model"]]
+    return [to_argv({**grid, "model": chosen}) for chosen in models]
 
 
 def run_round(tree: Path, preset: str, out: Path, tag: dict, separate: bool | None = None,
@@ -168,7 +145,7 @@ def other_load(files: list[Path]) -> dict | None:
 
 def warn_outside_ddp_core(repo: Path, revisions: dict[str, str]) -> None:
     """Say which changed Python files outside ddp_core/ (and tests/) an interleaved A/B does not measure."""
-    changed = git("diff", "--name-only", revisions["base"], revisions["head"], cwd=repo).splitlines()
+    changed = git("diff", "--name-only", "--end-of-options", revisions["base"], revisions["head"], cwd=repo).splitlines()
     outside = [f for f in changed if f.endswith(".py") and not f.startswith(("ddp_core/", "tests/"))]
     if outside:
         print(f"ddpbench ab: warning: HEAD also changes {len(outside)} Python file(s) outside ddp_core/ "
@@ -204,7 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Check out both revisions, run the preset alternately, compare; 1 if HEAD is slower, 2 on bad input."""
-    from ..cli import check_folder  # cli imports this module
+    from experiments.args import check_folder  # cli imports this module
 
     rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
     measure_s = args.seconds if args.seconds is not None else PRESETS[args.preset]["seconds"]
@@ -219,7 +196,7 @@ def main(args: argparse.Namespace) -> int:
         if args.interleave == "iterations":
             if not 0 < measure_s < math.inf:
                 raise ConfigError(f"--seconds={measure_s} is not allowed; it must be a number > 0")
-            interleaved.preset_configs(PRESETS[args.preset]["args"])  # refuses what it cannot run, before any process
+            interleaved.preset_configs(PRESETS[args.preset]["grid"])  # refuses what it cannot run, before any process
         elif rounds < MIN_PAIRED_ROUNDS:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= {MIN_PAIRED_ROUNDS} (rounds are "
                               "compared pairwise)")
@@ -230,7 +207,7 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--keep={str(args.keep)!r} already holds records; choose a new folder")
         if args.keep:
             check_folder(args.keep, "keep")
-        revisions = {name: git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=args.repo)
+        revisions = {name: resolve_commit(rev, args.repo, name.upper())
                      for name, rev in (("base", args.base_rev), ("head", args.head_rev))}
     except ConfigError as error:
         print(f"ddpbench ab: error: {error}", file=sys.stderr)
@@ -247,7 +224,7 @@ def main(args: argparse.Namespace) -> int:
                 print(f"ab: {args.preset} preset, both revisions' ddp_core in one set of processes per config, "
                       f"taking turns iteration by iteration for about {measure_s:g} s", file=sys.stderr, flush=True)
                 try:
-                    interleaved.run(trees, PRESETS[args.preset]["args"], measure_s, out_dir, session,
+                    interleaved.run(trees, PRESETS[args.preset]["grid"], measure_s, out_dir, session,
                                     PRESETS[args.preset]["replicas"])
                 except Exception as error:  # exit 1 would read as "slower": any failure is 2
                     print(f"ddpbench ab: the revisions cannot run the {args.preset} preset interleaved "

@@ -24,9 +24,9 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import ConfigError
-from ..records import SchemaError, config_key, read_records
-from ..stats import paired_ratio, ratio_of_medians
+from experiments.core.config import ConfigError
+from experiments.core.records import SchemaError, config_key, read_records
+from experiments.core.stats import paired_ratio, ratio_of_medians
 
 MARKS = {"slower": "+", "faster": "-", "unchanged": " ", "not significant": "~"}
 MIN_PAIRED_ROUNDS = 3  # fewer shared rounds than this: pool the samples instead

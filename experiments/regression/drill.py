@@ -29,12 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import ConfigError
-from ..records import machine_name
-from . import report
-from .ab import PRESETS, git, run_commands
-from .injections import INJECTIONS, check_names, commit_injections
-from .truth import in_processes, interleave, true_sizes
+from experiments.core.config import ConfigError
+from experiments.core.git import resolve_commit
+from experiments.core.machine import machine_name
+from experiments.regression import report
+from experiments.regression.ab import PRESETS, run_commands
+from experiments.regression.injections import INJECTIONS, check_names, commit_injections
+from experiments.regression.truth import in_processes, interleave, true_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("truth", "noise", "ab")
@@ -60,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
     """Presets, regressions and steps from the arguments; ConfigError naming the first bad one."""
-    from ..cli import check_output
+    from experiments.args import check_output
 
     presets, names, steps = (args.preset.split(","), args.regressions.split(","), args.steps.split(","))
     for preset in presets:
@@ -75,8 +76,8 @@ def check(args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
         if value < minimum:
             raise ConfigError(f"--{flag}={value} is not allowed; it must be >= {minimum}")
     check_output(args.out)
-    if any("--link" in PRESETS[p]["args"] for p in presets):
-        from .. import network
+    if any(PRESETS[p]["grid"].get("link", ["none"]) != ["none"] for p in presets):
+        from experiments.emulate import network
 
         problems = network.check()
         if problems:
@@ -125,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
     """Run the chosen steps for every preset; 2 on bad input."""
     try:
         presets, names, steps = check(args)
-        base = git("rev-parse", "--verify", f"{args.base}^{{commit}}", cwd=args.repo)
+        base = resolve_commit(args.base, args.repo, "--base")
         commits = commit_injections(args.repo, base, names)
     except ConfigError as error:
         print(f"ddpbench drill: error: {error}", file=sys.stderr)

@@ -29,10 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ConfigError
-from ..records import append_record, machine_name, read_records
-from .ab import PRESETS, QUIET, QUIET_RETRIES, git, run_round, worktrees
-from .compare import MARKS, check_verdict_options, compare, describe, pooled_samples
+from experiments.core.config import ConfigError
+from experiments.core.git import commits_in_range, git, resolve_commit
+from experiments.core.machine import machine_name
+from experiments.core.records import append_record, read_records
+from experiments.regression.ab import PRESETS, QUIET, QUIET_RETRIES, preset_args, run_round, worktrees
+from experiments.regression.compare import MARKS, check_verdict_options, compare, describe, pooled_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,17 +61,11 @@ def resolve(revisions: list[str], repo: Path) -> list[str]:
     commits: list[str] = []
     for rev in revisions:
         if ".." in rev:
-            try:
-                found = git("rev-list", "--reverse", rev, "--", cwd=repo).split()
-            except ConfigError as error:
-                raise ConfigError(f"revision range {rev!r} is not valid ({error})") from None
+            found = commits_in_range(rev, repo)
             if not found:
                 raise ConfigError(f"revision range {rev!r} selects no commits")
         else:
-            try:
-                found = [git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", cwd=repo)]
-            except ConfigError:
-                raise ConfigError(f"revision {rev!r} is not a commit in {repo}") from None
+            found = [resolve_commit(rev, repo)]
         commits += [c for c in found if c not in commits]
     return commits
 
@@ -80,7 +76,7 @@ def closing_record(path: Path, preset: str) -> dict | None:
     if not path.exists():
         return None
     closing = next((r for r in read_records(path) if r.get("kind") == "history"), None)
-    return closing if closing is not None and closing.get("args") == PRESETS[preset]["args"] else None
+    return closing if closing is not None and closing.get("args") == preset_args(preset) else None
 
 
 def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Path,
@@ -110,7 +106,7 @@ def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Pa
     for commit in pending:
         append_record(folder / f"{commit}.jsonl", {
             "kind": "history", "status": "failed" if commit in failed else "ok", "commit": commit,
-            "preset": preset, "args": PRESETS[preset]["args"], "rounds": rounds, "session": session,
+            "preset": preset, "args": preset_args(preset), "rounds": rounds, "session": session,
             "error": failed.get(commit)})
 
 
@@ -199,7 +195,7 @@ def rows_by_commit(rows: list[dict], commits: list[str]) -> list[dict | None]:
 
 def main(args: argparse.Namespace) -> int:
     """Measure what is missing, then write the table and the figure; 2 on bad input."""
-    from ..cli import check_folder  # cli imports this module
+    from experiments.args import check_folder  # cli imports this module
 
     rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
     try:
@@ -237,7 +233,7 @@ def main(args: argparse.Namespace) -> int:
               f"{row['subject']}")
     print(f"records in {folder}; table {table}; figure {figure}")
     if args.html is not None:
-        from . import page
+        from experiments.regression import page
 
         print(f"page {page.write(rows, commits, folder, args.html, f'ddpbench history, {args.preset} preset, {machine}')}")
     return 0

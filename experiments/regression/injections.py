@@ -14,10 +14,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..config import ConfigError
-from .ab import git
+from experiments.core.config import ConfigError
+from experiments.core.git import git
 
 REDUCER, DISTRIBUTED = "ddp_core/reducer.py", "ddp_core/distributed.py"
+# The launcher's file, in this layout and in the one before it (a drill's base commit may be older).
+LAUNCHER = ("experiments/measure/launch.py", "experiments/launch.py")
 # The end of the reducer's end-of-backward callback: every all-reduce has completed and been written back.
 END_OF_BACKWARD = "        self._locally_used = [False] * len(self.params)\n"
 SLEEP = """        _time = __import__('time')  # drill: sleep {f:.0%} of this iteration's forward and backward so far
@@ -59,7 +61,7 @@ INJECTIONS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
 # Changes to the instrument, not regressions: tried against the noise of same-against-same ratios.
 VARIANTS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
     "pinned": ("pins local rank r to core r (mod the cores)",
-               [("experiments/launch.py", "    _die_with_parent()\n",
+               [(LAUNCHER, "    _die_with_parent()\n",
                  "    _die_with_parent()\n    os.sched_setaffinity(0, {rank % os.cpu_count()})  # noise trial\n")]),
 }
 GIT_USER = ["-c", "user.name=ddpbench-drill", "-c", "user.email=drill@ddpbench.invalid"]
@@ -75,7 +77,9 @@ def check_names(names: list[str]) -> None:
 
 def apply(tree: Path, name: str) -> None:
     """Apply injection `name` to the files of `tree`; ConfigError if an anchor is missing or repeated."""
-    for path, anchor, replacement in {**INJECTIONS, **VARIANTS}[name][1]:
+    for paths, anchor, replacement in {**INJECTIONS, **VARIANTS}[name][1]:
+        candidates = (paths,) if isinstance(paths, str) else paths
+        path = next((p for p in candidates if (tree / p).exists()), candidates[0])
         text = (tree / path).read_text()
         if text.count(anchor) != 1:
             raise ConfigError(f"regression {name!r} does not fit this base commit: {path} holds "

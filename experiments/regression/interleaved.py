@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from ..config import ConfigError, RunConfig
+from experiments.core.config import ConfigError, RunConfig
 
 MIN_BLOCKS = 20  # however slow the config: fewer pairs than this say little
 
@@ -65,7 +65,7 @@ def measure_entries(rank: int, world_size: int, fields: dict, trees: dict[str, s
     block (the slowest rank's, gathered)."""
     import torch.distributed as dist
 
-    from .. import harness
+    from experiments.measure import harness
 
     config = RunConfig(**fields)
     modules = {name: load_ddp_core(Path(tree), f"ddp_core_{name}") for name, tree in trees.items()}
@@ -95,16 +95,14 @@ def measure_entries(rank: int, world_size: int, fields: dict, trees: dict[str, s
     return {name: slowest[i * blocks[0]:(i + 1) * blocks[0]] for i, name in enumerate(trainees)}
 
 
-def preset_configs(args: list[str]) -> list[RunConfig]:
-    """The configs of a preset's `ddpbench run` arguments; ConfigError for one an interleaved A/B cannot
-    run (only ddp_core differs between its entries)."""
-    from ..cli import build_parser, resolve_run_configs
-    from ..config import check_network_available, validate
+def preset_configs(grid: dict[str, list]) -> list[RunConfig]:
+    """The validated configs of a preset's grid; ConfigError for one an interleaved A/B cannot run (only
+    ddp_core differs between its entries)."""
+    from experiments.measure.configs import check_network_available, resolve_grid
 
-    configs = resolve_run_configs(build_parser().parse_args(["run", *args, "--out", "unused.jsonl"]))
+    configs = resolve_grid(grid)
     for config in configs:
-        validate(config)
-        if config.impl not in ("ddp_core", "ddp_core_nooverlap") or config.compute != "real":
+        if config.impl not in ("ddp_core", "ddp_core_no_overlap") or config.compute != "real":
             raise ConfigError(f"impl={config.impl!r}, compute={config.compute!r}: an interleaved A/B measures "
                               "ddp_core with real compute only; use --interleave processes")
         if config.sync_every != 1 or config.warmup < 1:
@@ -114,21 +112,21 @@ def preset_configs(args: list[str]) -> list[RunConfig]:
     return configs
 
 
-def run(trees: dict[str, Path], args: list[str], seconds: float, out_dir: Path, session: str,
+def run(trees: dict[str, Path], grid: dict[str, list], seconds: float, out_dir: Path, session: str,
         replicas: int = 1, timeout: float | None = None) -> None:
-    """Run every config of the preset arguments `args` once, all entries interleaved in one set of
+    """Run every config of the preset's `grid` once, all entries interleaved in one set of
     processes per config for about `seconds` of measured iterations (`replicas` replicas of the model
     per entry, see measure_entries); append each entry's iterations to
     out_dir/<entry>.jsonl, one record per block, as rounds of `session`
     (with `other_load`, the cores other processes kept busy meanwhile). Raises RankFailed /
     RanksTimedOut (a revision that cannot run) and ConfigError."""
-    from ..launch import RankPool
-    from ..records import append_record
-    from .ab import cpu_seconds, other_cores_busy
+    from experiments.core.machine import cpu_seconds, other_cores_busy
+    from experiments.core.records import append_record
+    from experiments.measure.launch import RankPool
 
     timeout = timeout or 900 + 20 * seconds  # building and warming the replicas, then the measured seconds
     out_dir.mkdir(parents=True, exist_ok=True)
-    for config in preset_configs(args):
+    for config in preset_configs(grid):
         before, started = cpu_seconds(), time.monotonic()
         with RankPool(config.world_size, backend=config.backend, threads=config.threads, timeout=timeout,
                       link=config.link, ranks_per_host=config.ranks_per_host) as pool:

@@ -17,7 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .compare import MARKS
+from experiments.regression.compare import MARKS
 
 LAST_COMMITS = 30  # rows of the table
 

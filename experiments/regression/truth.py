@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..records import append_record, read_records
-from ..stats import geometric_mean_ratio
-from . import interleaved
-from .ab import PRESETS, QUIET, run_round, worktrees
-from .compare import compare
+from experiments.core.records import append_record, read_records
+from experiments.core.stats import geometric_mean_ratio
+from experiments.regression import interleaved
+from experiments.regression.ab import PRESETS, QUIET, run_round, worktrees
+from experiments.regression.compare import compare
 
 TRUTH_CONFIDENCE = 0.95
 
@@ -84,7 +84,7 @@ def in_processes(repo: Path, entries: dict[str, str], preset: str, rounds: int, 
                     # (names are shuffled per block inside; one set of processes holds them all, one replica
                     # each: the rounds' fresh processes average a replica's memory placement out)
                     try:  # a session name per attempt: a retried round never merges with a torn one
-                        interleaved.run({n: trees[c] for n, c in entries.items()}, PRESETS[preset]["args"], seconds,
+                        interleaved.run({n: trees[c] for n, c in entries.items()}, PRESETS[preset]["grid"], seconds,
                                         staged, f"{session}-round{index}-{time.strftime('%H%M%S')}")
                     except Exception as error:  # the drill reports it and keeps what is done
                         raise RuntimeError(f"truth: the {preset} preset cannot run interleaved "

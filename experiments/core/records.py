@@ -8,13 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import socket
-import subprocess
-import time
 import warnings
 from pathlib import Path
-
 
 SCHEMA_VERSION = 2  # 2: run records no longer store `breakdown_s` (derived from `phases_s` on loading)
 READABLE_VERSIONS = (1, 2)
@@ -73,7 +68,7 @@ def load_records(path: Path | str, kind: str = "run"):
     phase's median (`forward_s`, `backward_s`, ...; see stats.phase_medians)."""
     import pandas as pd
 
-    from .stats import phase_medians  # numpy and scipy: only for readers that analyse
+    from experiments.core.stats import phase_medians  # numpy and scipy: only for readers that analyse
 
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} is unknown; choose one of {', '.join(KINDS)}")
@@ -112,54 +107,3 @@ def recorded_keys(path: Path) -> set[str]:
     if not path.exists():
         return set()
     return {config_key(r["config"]) for r in read_records(path) if r.get("status") == "ok"}
-
-
-def environment(threads: int | None = None) -> dict:
-    """Where and with what a record was measured: commit, versions, host, CPU, GPU, threads, time."""
-    import torch
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                                  cwd=Path(__file__).resolve().parent).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    cuda = torch.cuda.is_available()
-    nccl = torch.cuda.nccl.version() if cuda else None
-    return {
-        "git_commit": git("rev-parse", "HEAD") or None,
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
-        "python": platform.python_version(),
-        "host": socket.gethostname(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name(0) if cuda else None,
-        "gpu_count": torch.cuda.device_count() if cuda else 0,
-        "threads_per_rank": threads,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def machine_name() -> str:
-    """A short name for this kind of machine, used to key stored results: arch, cores, GPU."""
-    import torch
-
-    name = f"{platform.machine()}-{os.cpu_count()}cpu"
-    if torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name(0).replace("NVIDIA ", "").replace(" ", "_")
-        name += f"-{torch.cuda.device_count()}x{gpu}"
-    return name
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

@@ -4,7 +4,7 @@
     make_batch(model, batch_size, image_size, seq_len, generator) -> dict of tensors (on the CPU)
     loss(model, batch) -> scalar tensor          # `model` is the DDP wrapper; call it as the module
 
-as the built-in workloads do (README 'Your own model'; `examples/my_model.py`). `--model-config
+as the built-in workloads do (docs/your-model.md; `examples/my_model.py`). `--model-config
 key=value,...` becomes keyword arguments of `build_model` (values read as Python literals, else text).
 The file's sha256 goes into the record's config (`model_hash`), so that results of two different files
 of the same name are never compared.
@@ -22,7 +22,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from .spec import TORCHVISION, TRANSFORMERS, Workload, convert
+from experiments.measure.workloads.base import TORCHVISION, TRANSFORMERS, Workload, convert
 
 FUNCTIONS = ("build_model", "make_batch", "loss")
 CONTRACT = ("build_model(**model_config) -> nn.Module, make_batch(model, batch_size, image_size, seq_len, "
@@ -40,8 +40,8 @@ def file_hash(path: Path) -> str:
 
 
 def _unknown(spec: str) -> ValueError:
-    from . import WORKLOADS
-    from .torchvision_any import classification_models
+    from experiments.measure.workloads import WORKLOADS
+    from experiments.measure.workloads.torchvision_any import classification_models
 
     candidates = [*WORKLOADS, *(TORCHVISION + n for n in classification_models())]
     try:

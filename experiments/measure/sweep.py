@@ -21,12 +21,13 @@ from typing import Callable
 import torch.distributed as dist
 from tqdm import tqdm
 
-from . import network
-from .config import RunConfig
-from .harness import PHASES, measure
-from .launch import RankFailed, RankPool, RanksTimedOut
-from .records import LATER_FIELDS, SchemaError, append_record, config_key, environment, recorded_keys
-from .stats import slowest_rank_per_cycle, summarize
+from experiments.core.config import RunConfig
+from experiments.core.machine import environment, under_torchrun
+from experiments.core.records import LATER_FIELDS, SchemaError, append_record, config_key, recorded_keys
+from experiments.core.stats import slowest_rank_per_cycle, summarize
+from experiments.emulate import network
+from experiments.measure.harness import PHASES, measure
+from experiments.measure.launch import RankFailed, RankPool, RanksTimedOut
 
 
 def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
@@ -192,7 +193,7 @@ def warn_oversubscribed(jobs: list, cores: int | None = None) -> list[str]:
 def run_sweep(configs: list[RunConfig], out: Path, resume: bool = False, timeout: float = 600.0,
               trace_dir: Path | None = None, echo: Callable = print) -> dict:
     """Measure every training config (skipping recorded ones with `resume`); see `run_jobs`."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if under_torchrun():
         return _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo)
 
     def trace(config, record, per_rank):

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import network
+from experiments.emulate import network
 
 LOOPBACK = "127.0.0.1"
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from experiments.core.config import parse_rate
+
 PREFIX = "ddpbench-"
 NETNS_DIR = Path("/run/netns")
 SUBNET = "198.18.0"
@@ -40,18 +42,8 @@ HOST_INTERFACE = "eth0"
 MTU = 9000  # jumbo frames, as on cluster networks: TCP then carries 99% of the link rate, not 95%
 QUEUE_LATENCY = "20ms"  # how long a packet may wait in a shaper's queue before it is dropped
 MAX_HOSTS = 250
-_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 _CLONE_NEWNET = 0x40000000
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
-
-
-def parse_rate(text: str) -> float:
-    """Bits per second of a link rate such as `500mbit`, `2.5gbit` or `10gbit` (tc's units)."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)(kbit|mbit|gbit)", text.strip().lower())
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a link rate; write a number and kbit, mbit or gbit, e.g. 500mbit, "
-                         "2.5gbit, or none for loopback")
-    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
 def dilated(link: str, factor: float) -> str:

@@ -21,10 +21,17 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_core import DistributedDataParallel
-
-from .config import (BACKENDS, DEVICES, ConfigError, add_network_arguments, default_backend_and_device, parse_ints,
-                     parse_network_arguments, validate_backend, validate_network)
-from .harness import rank_device
+from experiments.args import add_network_arguments, parse_network_arguments
+from experiments.core.config import (
+    BACKENDS,
+    DEVICES,
+    ConfigError,
+    default_backend_and_device,
+    parse_ints,
+    validate_backend,
+    validate_network,
+)
+from experiments.measure.harness import rank_device
 
 IN_FEATURES, HIDDEN, CLASSES = 32, 64, 10
 
@@ -141,6 +148,6 @@ def make_record(config: TrainConfig, per_rank: list[dict], wall_s: float) -> dic
 
 def run(runs: list[TrainConfig], args: argparse.Namespace) -> dict:
     """Train every run not yet recorded (see sweep.run_jobs)."""
-    from .sweep import run_jobs
+    from experiments.measure.sweep import run_jobs
 
     return run_jobs(runs, args.out, train, make_record, "train", resume=args.resume, timeout=args.timeout)

@@ -1,26 +1,22 @@
-"""One typed config per measured run, the grid that expands CLI lists into configs, and validation.
+"""One typed config per measured run, the parsing of its lists, and the checks of its values.
 
 Validation happens here, before any process starts: each error names the parameter, the value and
 what is allowed.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import itertools
 import os
-from dataclasses import dataclass, fields, replace
+import re
+from dataclasses import dataclass, fields
 
 from ddp_core.hooks import HOOKS
-
-from . import network
-from .workloads import spec as model_spec
 
 IMPLS = ("ddp_core", "ddp_core_no_overlap", "torch")
 COMPUTE = ("real", "emulated")
 BACKENDS = ("nccl", "gloo", "mpi")
 DEVICES = ("cpu", "cuda")
 AMPS = ("none", "bf16", "fp16")
+_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}  # tc's units of a link rate
 
 
 class ConfigError(ValueError):
@@ -81,26 +77,9 @@ def parse_list(name: str, text: str) -> list:
     return values
 
 
-def expand_grid(lists: dict[str, list]) -> list[RunConfig]:
-    """The cartesian product of the given lists, in a stable order, each config validated."""
-    unknown = set(lists) - set(LIST_PARAMS)
-    if unknown:
-        raise ConfigError(f"unknown parameter(s) {sorted(unknown)}; known: {sorted(LIST_PARAMS)}")
-    names = list(lists)
-    configs = [RunConfig(**dict(zip(names, combo))) for combo in itertools.product(*(lists[n] for n in names))]
-    # --compute real,emulated --compute-profile P: the profile is the emulated configs' alone.
-    configs = [replace(c, compute_profile="") if c.compute == "real" else c for c in configs]
-    for config in configs:
-        validate(config)
-    # A user's file is identified by its content as well as its name (records, --resume, compare).
-    configs = [dataclasses.replace(c, model_hash=model_info(c)["source_hash"]) for c in configs]
-    # Group configs of one world size (and backend/device/network) together: they share one set of processes.
-    configs.sort(key=lambda c: (c.backend, c.device, c.world_size, c.link, c.ranks_per_host, c.time_dilation))
-    return list(dict.fromkeys(configs))  # drop duplicates, keep order
-
-
-def validate(config: RunConfig, gpu_count: int | None = None) -> None:
-    """Raise ConfigError for the first invalid value of `config`."""
+def check_config(config: RunConfig, gpu_count: int | None = None) -> None:
+    """Raise ConfigError for the first invalid value of `config`, its model aside (measure.configs checks
+    that the model can be built and fits in memory)."""
     _one_of("amp", config.amp, AMPS)
     if config.amp == "fp16" and config.device != "cuda":
         raise ConfigError("--amp fp16 needs --device cuda: float16 training needs a gradient scaler, which "
@@ -119,51 +98,43 @@ def validate(config: RunConfig, gpu_count: int | None = None) -> None:
         raise ConfigError(f"--bucket-mb={config.bucket_mb} is not allowed; it must be >= 0 (0 = one parameter per bucket)")
     validate_network(config.link, config.ranks_per_host, config.world_size)
     validate_compute(config)
-    check_memory(config, model_info(config)["parameters"])  # (after the sizes: the check runs the model on them)
     if config.impl == "torch" and (config.process_groups > 1):
         raise ConfigError("--process-groups > 1 needs --impl ddp_core or ddp_core_no_overlap (PyTorch's DDP takes one group)")
     validate_backend(config.backend, config.device, config.world_size, gpu_count)
 
 
-@functools.lru_cache(maxsize=64)
-def _model_info(model: str, model_config: str, image_size: int, seq_len: int) -> dict:
-    try:
-        return model_spec.check(model, model_config, image_size, seq_len)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
+def parse_rate(text: str) -> float:
+    """Bits per second of a link rate such as `500mbit`, `2.5gbit` or `10gbit` (tc's units)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(kbit|mbit|gbit)", text.strip().lower())
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a link rate; write a number and kbit, mbit or gbit, e.g. 500mbit, "
+                         "2.5gbit, or none for loopback")
+    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
-def model_info(config: RunConfig) -> dict:
-    """What `check` knows of `config`'s model (parameters, file hash); ConfigError naming a bad spec."""
-    if model_spec.kind(config.model) == "user":  # cheap, and its file may have changed: never cached
-        return _model_info.__wrapped__(config.model, config.model_config, config.image_size, config.seq_len)
-    return _model_info(config.model, config.model_config, config.image_size, config.seq_len)
-
-
-BYTES_PER_PARAMETER = 16  # float32 weights, gradients, their bucket copies and SGD's momentum
-
-
-def check_memory(config: RunConfig, parameters: int | None) -> None:
-    """Refuse a CPU config whose ranks on this host could not even hold their weights, gradients, buckets
-    and momentum in this machine's memory (activations come on top): it would swap or be killed."""
-    if parameters is None or config.device != "cpu":
-        return
-    # Emulated hosts share this machine's memory; under torchrun only the local ranks do.
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or config.world_size
-    need = parameters * BYTES_PER_PARAMETER * ranks_here
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have:
-        raise ConfigError(f"--model={config.model!r} has {parameters / 1e6:,.0f} M parameters: {ranks_here} rank(s) "
-                          f"need at least {need / 2**30:.0f} GiB for weights, gradients, buckets and momentum, and "
-                          f"this machine has {have / 2**30:.0f} GiB; shrink it with --model-config (e.g. fewer "
-                          "layers) or lower --world-size")
+def to_argv(options: dict) -> list[str]:
+    """The `ddpbench` arguments of typed options (the one place data becomes command-line text, for a
+    run in another process or another revision's tree): a list is comma-joined (model configurations
+    with ';'), a float written as %g, True as a bare flag, False and None left out."""
+    argv = []
+    for name, value in options.items():
+        flag = f"--{_flag(name)}"
+        if value is True:
+            argv.append(flag)
+            continue
+        if value is False or value is None:
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        text = [f"{v:g}" if isinstance(v, float) else str(v) for v in values]
+        argv += [flag, (";" if name == "model_config" else ",").join(text)]
+    return argv
 
 
 def validate_network(link: str, ranks_per_host: int, world_size: int | None = None) -> None:
     """Raise ConfigError unless `link` is `none` or a rate, and `ranks_per_host` fits it (and `world_size`)."""
     if link != "none":
         try:
-            network.parse_rate(link)
+            parse_rate(link)
         except ValueError as error:
             raise ConfigError(f"--link={link!r} is not allowed: {error}") from None
     if ranks_per_host < 1:
@@ -189,44 +160,12 @@ def validate_compute(config: RunConfig) -> None:
         return
     if not config.compute_profile:
         raise ConfigError("--compute emulated needs --compute-profile FILE (a `ddpbench profile` record of the model)")
-    from .workloads.emulated import ComputeProfileError, load_compute_profile
+    from experiments.core.profile import ComputeProfileError, load_compute_profile
 
     try:
         load_compute_profile(config.compute_profile, config.model, config.world_size)
     except ComputeProfileError as error:
         raise ConfigError(str(error)) from None
-
-
-def add_network_arguments(parser) -> None:
-    """`--link` and `--ranks-per-host` for the sub-commands that take them as plain options (allreduce, train)."""
-    parser.add_argument("--link", default="none", metavar="LIST",
-                        help="comma-separated: none (loopback, default) or link rates such as 500mbit,1gbit,10gbit: "
-                             "ranks on emulated hosts behind links of that rate (needs root; see ddpbench network)")
-    parser.add_argument("--ranks-per-host", default="1", metavar="LIST",
-                        help="comma-separated: ranks per emulated host, placed in rank order (default 1)")
-
-
-def parse_network_arguments(args) -> list[tuple[str, int]]:
-    """The validated (link, ranks per host) pairs of `--link` x `--ranks-per-host`."""
-    pairs = [(link.strip().lower(), k) for link in args.link.split(",")
-             for k in parse_ints("ranks-per-host", args.ranks_per_host, minimum=1)]
-    for link, k in pairs:
-        validate_network(link, k)
-    return pairs
-
-
-def check_network_available(jobs: list) -> None:
-    """Refuse, before any process starts, jobs with a link where this machine cannot emulate one."""
-    links = sorted({job.link for job in jobs if job.link != "none"})
-    if not links:
-        return
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        raise ConfigError(f"--link={','.join(links)}: under torchrun the hosts are real; use --link none")
-    problems = network.check()
-    if problems:
-        raise ConfigError(f"--link={','.join(links)} needs an emulated network, which this machine cannot make: "
-                          f"{'; '.join(problems)}. --link none (loopback) works without it; "
-                          "`ddpbench network --check` says more")
 
 
 def validate_backend(backend: str, device: str, world_size: int, gpu_count: int | None = None) -> None:

@@ -17,63 +17,12 @@ gradients and DDP's buckets (three times the parameter bytes; no activations).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from ..records import read_records
-
-if TYPE_CHECKING:
-    from ..perfmodel.profile import Profile
-
-
-class ComputeProfileError(ValueError):
-    """A compute profile that cannot drive the stand-in (missing, or of another model)."""
-
-
-@dataclass(frozen=True)
-class ComputeProfile:
-    """The profile a stand-in replays, and where it came from (stored in each record)."""
-
-    profile: Profile
-    source: dict
-
-
-def load_compute_profile(path: str | Path, model: str, world_size: int) -> ComputeProfile:
-    """The newest profile of `model` in `path`: one measured as `world_size` co-located copies if
-    there is one (ranks sharing this host's cores, for comparison with real compute), else one copy."""
-    from ..perfmodel.profile import Profile  # (the profiler imports the harness, which imports this module)
-
-    try:
-        records = read_records(path)
-    except (FileNotFoundError, ValueError) as error:
-        raise ComputeProfileError(f"--compute-profile={str(path)!r}: {error}") from None
-    mine = [r for r in records if r.get("kind") == "profile" and r.get("status") == "ok"
-            and r["config"]["model"] == model]
-    if not mine:
-        found = sorted({r["config"]["model"] for r in records if r.get("kind") == "profile"})
-        raise ComputeProfileError(f"--compute-profile={str(path)!r} holds no profile of --model={model!r}; it has: "
-                                  f"{', '.join(found) or 'none'} (make one with `ddpbench profile --model {model}`)")
-    for copies in (world_size, 1):
-        same = [r for r in mine if r["config"]["world_size"] == copies]
-        if same:
-            record = same[-1]
-            break
-    else:
-        record = mine[-1]
-    c = record["config"]
-    source = {"file": str(path), "sha256": hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16],
-              "device": record.get("scaled_to", {}).get("device", c["device"]), "profiled_on": c["device"],
-              "copies": c["world_size"], "batch_size": c["batch_size"], "image_size": c["image_size"],
-              "seq_len": c["seq_len"], "scaled_to": record.get("scaled_to"),
-              "gpu": (record.get("env") or {}).get("gpu"), "cpu": (record.get("env") or {}).get("cpu")}
-    return ComputeProfile(Profile.from_record(record), source)
+from experiments.core.profile import ComputeProfile, ComputeProfileError, Profile
 
 
 class _Deadlines:

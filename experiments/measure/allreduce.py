@@ -18,9 +18,17 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .config import (BACKENDS, DEVICES, ConfigError, add_network_arguments, default_backend_and_device, parse_ints,
-                     parse_network_arguments, validate_backend, validate_network)
-from .harness import rank_device
+from experiments.args import add_network_arguments, parse_network_arguments
+from experiments.core.config import (
+    BACKENDS,
+    DEVICES,
+    ConfigError,
+    default_backend_and_device,
+    parse_ints,
+    validate_backend,
+    validate_network,
+)
+from experiments.measure.harness import rank_device
 
 MODES = ("granularity", "size")
 DEFAULT_PER_CALL = "1000,10000,100000,1000000,10000000,60000000"
@@ -143,6 +151,6 @@ def make_record(row: AllreduceConfig, per_rank: list[dict], wall_s: float) -> di
 
 def run(rows: list[AllreduceConfig], args: argparse.Namespace) -> dict:
     """Measure every row not yet recorded (see sweep.run_jobs)."""
-    from .sweep import run_jobs
+    from experiments.measure.sweep import run_jobs
 
     return run_jobs(rows, args.out, measure, make_record, "allreduce", resume=args.resume, timeout=args.timeout)

@@ -14,7 +14,7 @@ from types import ModuleType
 # and a benchmark must not wait on (or be slowed by) the network. Set before transformers is imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-from . import bert, resnet  # noqa: E402
+from experiments.measure.workloads import bert, resnet  # noqa: E402
 
 _FAMILIES: tuple[ModuleType, ...] = (resnet, bert)
 WORKLOADS: dict[str, ModuleType] = {name: family for family in _FAMILIES for name in family.MODELS}

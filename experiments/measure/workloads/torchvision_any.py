@@ -13,7 +13,7 @@ import torch
 import torchvision
 from torch import nn
 
-from .spec import TORCHVISION, Workload, convert, dry_run
+from experiments.measure.workloads.base import TORCHVISION, Workload, convert, dry_run
 
 OTHER_KINDS = {"detection": "a detection model", "segmentation": "a segmentation model", "video": "a video model",
                "optical_flow": "an optical-flow model", "quantization": "a quantized model"}
@@ -33,7 +33,7 @@ def _name(spec: str) -> str:
         if name in torchvision.models.list_models(module=getattr(torchvision.models, module)):
             raise ValueError(f"--model={spec!r} is {what}; torchvision: takes the "
                              f"{len(classification_models())} image classification models (a user file can "
-                             "build this one with its own batch and loss, see README 'Your own model')")
+                             "build this one with its own batch and loss, see docs/your-model.md)")
     close = difflib.get_close_matches(name, classification_models(), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(TORCHVISION + c for c in close)}?" if close else ""
     raise ValueError(f"--model={spec!r}: torchvision has no classification model {name!r}{hint} (all of them: "

@@ -16,7 +16,7 @@ import functools
 import torch
 from torch import nn
 
-from .spec import TRANSFORMERS, Workload, convert, dry_run
+from experiments.measure.workloads.base import TRANSFORMERS, Workload, convert, dry_run
 
 # (head, the auto-class mapping that names it), in the order of preference described above
 HEADS = (("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"), ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
@@ -45,8 +45,8 @@ def head_of(model_type: str, config) -> tuple[str, str]:
         if model_type in names and (head != "seq2seq" or config.is_encoder_decoder):
             return head, names[model_type]
     raise ValueError(f"--model='{TRANSFORMERS}{model_type}' has no {', '.join(h for h, _ in HEADS)} head among "
-                     "transformers' auto classes; for another kind of model, write a user file (README 'Your own "
-                     "model')")
+                     "transformers' auto classes; for another kind of model, write a user file "
+                     "(docs/your-model.md)")
 
 
 def make_config(spec: str, overrides: dict[str, str], image_size: int):
@@ -57,7 +57,7 @@ def make_config(spec: str, overrides: dict[str, str], image_size: int):
         defaults = config_class()
     except Exception as error:  # composite configs (encoder-decoder, ...) need sub-configurations
         raise ValueError(f"--model={spec!r}: transformers cannot build {config_class.__name__} from its defaults "
-                         f"({error}); write a user file for it (README 'Your own model')") from None
+                         f"({error}); write a user file for it (docs/your-model.md)") from None
     fields = set(defaults.to_dict()) | set(getattr(defaults, "attribute_map", {}))
     kwargs = {}
     for key, raw in overrides.items():

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..config import RunConfig
-from ..harness import Clock, build, train_step
-from ..records import LATER_FIELDS
-from ..workloads.spec import model_size
+from experiments.core.config import RunConfig
+from experiments.measure.harness import Clock, build, train_step
+from experiments.measure.workloads.base import model_size
 
 
 class ReadyTimes:
@@ -115,84 +113,3 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
     others = [{k: r[k] for k in ("synced", "skipped")} for rank, r in enumerate(per_rank) if rank != slowest]
     return {"kind": "profile", "status": "ok", "config": dataclasses.asdict(config), "summary": summary, **result,
             "slowest_copy": slowest, "other_copies": others, "timing": {"config_wall_s": wall_s}}
-
-
-@dataclass(frozen=True)
-class Profile:
-    """Medians of a profile record: what the simulation replays (seconds, bytes)."""
-
-    model: str
-    forward: float
-    backward: float  # first gradient hook to the last: computation and copies into buckets
-    ready: tuple[float, ...]  # per parameter, seconds after backward started
-    tail: float  # after backward at world size 1: the wait (nothing to wait for) and the write-back
-    optimizer: float
-    skipped_forward: float
-    skipped_backward: float
-    nbytes: tuple[int, ...]
-    dtypes: tuple[str, ...]
-    buffer_bytes: int
-    config: dict
-    scaled_to: dict | None = None  # a profile scaled to a GPU's estimated time (perfmodel.gpus)
-
-    @property
-    def compute(self) -> float:
-        """Seconds of computation in a synchronised iteration: forward, backward, tail, optimizer."""
-        return self.forward + self.backward + self.tail + self.optimizer
-
-    def scaled(self, factor: float) -> "Profile":
-        """The same model on a device `factor` times slower (< 1: faster): every time scaled alike."""
-        return dataclasses.replace(
-            self, forward=self.forward * factor, backward=self.backward * factor,
-            ready=tuple(t * factor for t in self.ready), tail=self.tail * factor, optimizer=self.optimizer * factor,
-            skipped_forward=self.skipped_forward * factor, skipped_backward=self.skipped_backward * factor)
-
-    @classmethod
-    def from_record(cls, record: dict) -> "Profile":
-        """Summarise a profile record by medians over its iterations."""
-        synced, skipped = record["synced"], record["skipped"]
-
-        def median(rows, key):
-            return statistics.median(row[key] for row in rows)
-
-        ready = tuple(statistics.median(column) for column in zip(*(row["ready"] for row in synced)))
-        return cls(model=record["config"]["model"], forward=median(synced, "forward"),
-                   backward=median(synced, "backward"), ready=ready, tail=median(synced, "tail"),
-                   optimizer=median(synced, "optimizer"), skipped_forward=median(skipped, "forward"),
-                   skipped_backward=median(skipped, "backward"), nbytes=tuple(record["bytes"]),
-                   dtypes=tuple(record["dtypes"]), buffer_bytes=record["buffer_bytes"], config=record["config"],
-                   scaled_to=record.get("scaled_to"))
-
-
-# What makes two configs share a profile: the model, its inputs, the device and the compute threads.
-PROFILE_KEYS = ("model", "device", "batch_size", "image_size", "seq_len", "threads", "model_config", "amp", "model_hash")
-
-
-def config_value(config: dict, key: str):
-    """`config[key]`, or for a field added later the value every older record implies."""
-    return config.get(key, LATER_FIELDS.get(key))
-
-
-def find_profile(records: list[dict], config: dict, measured_at: str | None = None) -> Profile | None:
-    """The measured profile among `records` whose model, inputs, device and threads match `config`:
-    one measured with as many co-located copies as `config` has ranks, else a one-copy profile; the
-    newest, or with `measured_at` (a record's env time) the one measured nearest to it, since this
-    machine's speed drifts between days. Profiles scaled to a GPU (`scaled_to`) are never picked."""
-    matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok" and "scaled_to" not in r
-               and all(config_value(r["config"], k) == config_value(config, k) for k in PROFILE_KEYS)]
-    target = _seconds({"env": {"time": measured_at}}) if measured_at is not None else None
-    for copies in (config["world_size"], 1):
-        same = [r for r in matches if r["config"]["world_size"] == copies]
-        if same:
-            chosen = same[-1] if target is None else min(reversed(same), key=lambda r: abs(_seconds(r) - target))
-            return Profile.from_record(chosen)
-    return None
-
-
-def _seconds(record: dict) -> float:
-    """A record's measurement time (env.time, UTC) in seconds; 0 where it has none."""
-    import calendar
-    import time
-
-    stamp = (record.get("env") or {}).get("time")
-    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) if stamp else 0.0

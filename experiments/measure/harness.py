@@ -20,12 +20,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import ddp_core
-
-from .amp import FULL, Precision
-from .config import RunConfig
-from .workloads import emulated
-from .workloads.spec import Workload, model_size
-from .workloads.spec import load as load_workload
+from experiments.core.config import RunConfig
+from experiments.core.machine import busy_cpu_seconds
+from experiments.core.profile import load_compute_profile
+from experiments.emulate import compute as emulated
+from experiments.measure.amp import FULL, Precision
+from experiments.measure.workloads.base import Workload, model_size
+from experiments.measure.workloads.spec import load as load_workload
 
 PHASES = ("forward", "backward", "exposed_comm", "optimizer")
 
@@ -158,7 +159,7 @@ def build(rank: int, config: RunConfig, group=None, ddp_module: ModuleType = ddp
                            config.model_hash)
     builder = family.build
     if config.compute == "emulated":  # a stand-in with the model's parameters that waits for the profiled times
-        compute = emulated.load_compute_profile(config.compute_profile, config.model, config.world_size)
+        compute = load_compute_profile(config.compute_profile, config.model, config.world_size)
         family, model = emulated, emulated.build_stand_in(builder, compute, config.time_dilation, device)
         ddp = model.wrapper = wrap(model, config, device, group, ddp_module)
         optimizer = emulated.StandInOptimizer(compute.profile, config.time_dilation)
@@ -171,17 +172,6 @@ def build(rank: int, config: RunConfig, group=None, ddp_module: ModuleType = ddp
              family.make_batch(model, config.batch_size, config.image_size, config.seq_len, generator).items()}
     return Trainee(device, family, model, ddp, optimizer, batch, precision=Precision(config.amp, device),
                    compute=compute.source if config.compute == "emulated" else None)
-
-
-def machine_cpu_seconds() -> float | None:
-    """CPU seconds the whole machine has spent busy so far (/proc/stat: all but idle and iowait), or
-    None where /proc/stat is missing. How busy the cores were while a config ran tells whether the
-    machine kept up with what it emulated (an emulated cluster needs idle cores to be faithful)."""
-    try:
-        fields = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def slowest_per_iteration(local: list[float]) -> list[float]:
@@ -211,7 +201,7 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
         if observer is not None:
             observer.buckets = {}
         if measured == 0:
-            cpu_start = machine_cpu_seconds()
+            cpu_start = busy_cpu_seconds()
         wall_start = time.perf_counter()
         clock.start()
         train_step(ddp, t.family, t.batch, t.optimizer, sync, clock.mark, t.precision)
@@ -234,7 +224,7 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
                                     for k, v in sorted(observer.buckets.items())}}
     if device.type == "cuda":
         torch.cuda.synchronize()
-    cpu_end = machine_cpu_seconds()
+    cpu_end = busy_cpu_seconds()
     cores_busy = None if None in (cpu_start, cpu_end) else (cpu_end - cpu_start) / sum(i["latency"] for i in iterations)
     return {"rank": rank, "setup_s": setup_s, "warmup_s": warmup_s, "iterations": iterations, "cores_busy": cores_busy,
             "compute": t.compute,

@@ -1,0 +1,102 @@
+"""Predictions as a library: the network model a prediction uses, one row per schedule, the recommended
+bucket cap, and the text that describes them (`predict`, `tune-bucket`, `advise` and the analysis
+scripts build on these; perfmodel/commands.py is their command line)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from experiments.core.config import ConfigError, parse_rate, validate_network
+from experiments.core.profile import Profile
+from experiments.core.records import read_records
+from experiments.perfmodel.comm import PRESETS, CommModel, emulated, fit
+from experiments.perfmodel.simulate import Schedule, simulate
+
+DEFAULT_CAPS = "0,1,5,10,25,50,100,200"  # the caps E3 measures, so that a recommendation can be checked
+
+
+def comm_model(cluster: str | None, allreduce: Path | None, link: str = "none", ranks_per_host: int = 1,
+               backend: str = "gloo", device: str = "cpu") -> CommModel:
+    """The network: the cluster preset `cluster`, or a fit to this machine's all-reduce records under
+    `allreduce` (of `backend` on `device`), behind emulated links of rate `link` if one is given."""
+    if cluster is not None:
+        if cluster not in PRESETS:
+            raise ConfigError(f"--cluster={cluster!r} is unknown; choose one of {', '.join(PRESETS)}")
+        if link != "none":
+            raise ConfigError("--link needs --allreduce (this machine's fit), not --cluster")
+        return PRESETS[cluster]
+    validate_network(link, ranks_per_host)
+    try:
+        machine = fit(read_records(allreduce), backend, device).model
+    except (FileNotFoundError, ValueError) as error:
+        raise ConfigError(f"--allreduce={str(allreduce)!r}: {error}") from None
+    return machine if link == "none" else emulated(machine, link, parse_rate(link), ranks_per_host)
+
+
+def predict_rows(profile: Profile, comm: CommModel, plans: list[Schedule]) -> list[dict]:
+    """One row per schedule: the prediction in milliseconds and its breakdown."""
+    rows = []
+    for plan in plans:
+        prediction = simulate(profile, comm, plan)
+        rows.append({**dataclasses.asdict(plan), "latency_ms": prediction.latency * 1e3,
+                     **{f"{k}_ms": v * 1e3 for k, v in prediction.breakdown.items()},
+                     "buckets": len(prediction.buckets)})
+    return rows
+
+
+TOLERANCE = 0.01  # predictions closer than this are ties: the model is not that exact
+
+
+def near_best(rows: list[dict], tolerance: float = TOLERANCE) -> list[dict]:
+    """The rows whose predicted latency is within `tolerance` of the smallest, by cap."""
+    best = min(row["latency_ms"] for row in rows)
+    return sorted((row for row in rows if row["latency_ms"] <= best * (1 + tolerance)), key=lambda row: row["bucket_mb"])
+
+
+def recommend(rows: list[dict], tolerance: float = TOLERANCE) -> dict:
+    """The best cap: the smallest predicted latency, preferring the smaller cap within `tolerance`
+    (a smaller cap starts communication earlier and needs less memory for the same speed)."""
+    return near_best(rows, tolerance)[0]
+
+
+def caps_text(near: list[float], caps: list[float]) -> str:
+    """The near-best caps as text: a range `X-Y MB` where they are neighbours among `caps`, else a list."""
+    caps = sorted(set(caps))
+    first, last = caps.index(near[0]), caps.index(near[-1])
+    if caps[first:last + 1] == near:
+        return f"{near[0]:g}-{near[-1]:g} MB"
+    return ", ".join(f"{cap:g}" for cap in near) + " MB"
+
+
+def describe_profile(profile: Profile, source: Path, compute_s: float | None) -> str:
+    """Which profile a prediction rests on: model, device, inputs, threads, co-located copies, file."""
+    c = profile.config
+    copies = "alone (1 copy)" if c["world_size"] == 1 else f"as {c['world_size']} co-located copies"
+    scaled = f", scaled to {compute_s:g} s of compute per iteration (--compute-s)" if compute_s else ""
+    if profile.scaled_to:
+        scaled += (f", scaled to {profile.scaled_to['device']} at inputs {profile.scaled_to['inputs']} "
+                   f"({profile.scaled_to['compute_s'] * 1e3:.1f} ms per iteration)")
+    return (f"profile: {c['model']} on {c['device']}, batch {c['batch_size']}, image size {c['image_size']}, "
+            f"sequence length {c['seq_len']}, {c['threads']} thread(s), measured {copies}{scaled}; from {source}")
+
+
+def profile_warnings(profile: Profile, cluster: str | None, compute_s: float | None) -> list[str]:
+    """Warnings about a profile that does not fit the cluster asked for."""
+    if cluster and "nccl" in cluster and profile.config["device"] == "cpu" and compute_s is None and not profile.scaled_to:
+        return [f"a CPU profile used for the GPU cluster --cluster={cluster}: the compute times are this CPU's, "
+                "far longer than a GPU's, so communication looks cheap; pass --compute-s with the GPU's compute "
+                "seconds per iteration, or profile on a GPU (ddpbench profile --device cuda)"]
+    return []
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A plain-text table of prediction rows."""
+    header = (f"{'ranks':>6} {'cap MB':>7} {'overlap':>7} {'every':>5} {'groups':>6} {'buckets':>7} "
+              f"{'latency ms':>10} {'fwd':>7} {'bwd':>7} {'comm':>7} {'tail':>6} {'opt':>6}")
+    lines = [header]
+    for r in rows:
+        lines.append(f"{r['world_size']:>6} {r['bucket_mb']:>7g} {'on' if r['overlap'] else 'off':>7} "
+                     f"{r['sync_every']:>5} {r['process_groups']:>6} {r['buckets']:>7} {r['latency_ms']:>10.2f} "
+                     f"{r['forward_ms']:>7.2f} {r['backward_ms']:>7.2f} {r['exposed_comm_ms']:>7.2f} "
+                     f"{r['tail_ms']:>6.2f} {r['optimizer_ms']:>6.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""The layout's rules, checked from the source: every import arrow inside `experiments/` points one way
+(cli -> uses -> emulate -> core), nothing imports the CLI, and there is no import circle - lazy imports
+inside functions included, since a circle hidden by one is still a circle."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "experiments"
+# Layer of each top-level part; a module may import only its own layer's or lower layers' modules.
+LAYERS = {"core": 0, "emulate": 1, "measure": 2, "args": 1, "regression": 4, "perfmodel": 4, "cli": 5, "__main__": 6}
+# The uses are side by side: each may build on measuring (it runs workloads), never on another use.
+FORBIDDEN = {("measure", "regression"), ("measure", "perfmodel"), ("regression", "perfmodel"), ("perfmodel", "regression")}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every experiments.* module `path` imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("experiments"):
+            assert node.level == 0, f"{path}: relative import; the suite imports absolutely"
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if candidate in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("experiments"))
+    return found
+
+
+FILES = sorted(PACKAGE.rglob("*.py"))
+MODULES = {module_name(f) for f in FILES}
+GRAPH = {module_name(f): imports_of(f) & MODULES for f in FILES}
+
+
+def part(module: str) -> str:
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 else "__init__"
+
+
+def test_nothing_imports_the_cli():
+    importers = [m for m, deps in GRAPH.items() if "experiments.cli" in deps and m != "experiments.__main__"]
+    assert not importers, f"the CLI is wiring only; these import it: {importers}"
+
+
+def test_arrows_point_one_way():
+    wrong = []
+    for module, deps in GRAPH.items():
+        for dep in deps:
+            a, b = part(module), part(dep)
+            if a == "__init__" or b == "__init__" or a == b:
+                continue
+            if LAYERS[b] > LAYERS[a] or (a, b) in FORBIDDEN:
+                wrong.append(f"{module} -> {dep}")
+    assert not wrong, "imports against the layering (cli -> uses -> emulate -> core):\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_circles():
+    state, stack, circles = {}, [], []
+
+    def visit(module):
+        state[module] = "open"
+        stack.append(module)
+        for dep in sorted(GRAPH.get(module, ())):
+            # a package's __init__ imported for a submodule is not an edge of its own
+            if dep == module:
+                continue
+            if state.get(dep) == "open":
+                circles.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep)
+        stack.pop()
+        state[module] = "done"
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_core_knows_no_argparse_nor_processes():
+    # (asking torch.distributed inside a function whether a backend exists is allowed: it starts nothing)
+    for f in (PACKAGE / "core").glob("*.py"):
+        tree = ast.parse(f.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert "argparse" not in names, f"{f.name}: core parses no command line"
+        top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+        top |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+        assert not any(n.startswith("torch.distributed") for n in top), f"{f.name}: core starts no process group"
