@@ -33,15 +33,22 @@ def results_dir() -> Path:
 
 
 def machine() -> str:
-    """Whose results to analyse: $DDPBENCH_MACHINE, this machine if it has results, else the newest."""
-    if os.environ.get("DDPBENCH_MACHINE"):
-        return os.environ["DDPBENCH_MACHINE"]
-    folder = results_dir() / "runs"
-    here = machine_name()
-    if (folder / here).is_dir() or not folder.is_dir():
-        return here
-    candidates = sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-    return candidates[-1].name if candidates else here
+    """Whose results to analyse: $DDPBENCH_MACHINE, else this machine - never another machine's records
+    taken for this one's (`./ddpbench report --reference` reads the project's committed results)."""
+    return os.environ.get("DDPBENCH_MACHINE") or machine_name()
+
+
+def machines_in(frame: pd.DataFrame) -> list[str]:
+    """The machines whose records `frame` holds: their names and ids, or for records older than machine
+    identities their host, CPU and core count."""
+    found = set()
+    for row in frame.to_dict("records"):
+        ident = row.get("env_machine_id")
+        if isinstance(ident, str) and ident:
+            found.add(f"{row.get('env_machine')} (id {ident})")
+        else:
+            found.add(f"host {row.get('env_host')}, {row.get('env_cpu')}, {row.get('env_cpu_count')} cores")
+    return sorted(found)
 
 
 def runs(experiment: str, kind: str = "run") -> pd.DataFrame:

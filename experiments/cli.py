@@ -91,8 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="smoke, quick or full (default: full with GPUs, else quick)")
     job.add_argument("--out-dir", type=Path, required=True, help="folder of the record files, one per experiment")
     job.add_argument("--only", help="comma-separated experiment names (default: all)")
-    report = sub.add_parser("report", help="rebuild the main job's figures and report from its records")
+    report = sub.add_parser("report", help="rebuild the main job's figures and report from this machine's records")
     report.add_argument("--smoke", action="store_true", help="the smoke profile's results (results/smoke/)")
+    report.add_argument("--reference", metavar="MACHINE", nargs="?", const="x86_64-2cpu",
+                        help="rebuild the project's committed reference results of MACHINE instead "
+                             "(results/reference/MACHINE/; default x86_64-2cpu), whose numbers the docs quote")
+    machine = sub.add_parser("machine", help="this machine's name and fingerprint, which key its results")
+    machine.add_argument("--machine", metavar="NAME", help="rename this machine (its later results go under NAME)")
     parser.set_defaults(subcommands=sub.choices)  # main() reports a sub-command's unknown options with its usage
     return parser
 
@@ -147,6 +152,43 @@ def main_job(profile: str | None, out_dir: Path, only: str | None) -> int:
     return 1 if failed else 0
 
 
+def report(smoke: bool, reference: str | None) -> int:
+    """Rebuild the main job's figures and report: this machine's (results/, or results/smoke/), or with
+    `reference` the committed reference results of that machine (results/reference/<machine>/)."""
+    import runpy
+
+    results = Path(__file__).resolve().parent.parent / "results"
+    if reference is not None:
+        folder = results / "reference" / reference
+        if not (folder / "runs" / reference).is_dir():
+            known = sorted(p.name for p in (results / "reference").iterdir()) if (results / "reference").is_dir() else []
+            print(f"ddpbench report: error: --reference={reference!r} has no results under {folder}; "
+                  f"known: {', '.join(known) or 'none'}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        os.environ["DDPBENCH_RESULTS"], os.environ["DDPBENCH_MACHINE"] = str(folder), reference
+    elif smoke:
+        os.environ.setdefault("DDPBENCH_RESULTS", str(results / "smoke"))
+    # The analysis scripts live beside the suite, not in its package: run the report as a module.
+    runpy.run_module("analysis.report", run_name="__main__")
+    return 0
+
+
+def machine(new_name: str | None) -> int:
+    """Print this machine's name, id and fingerprint (after renaming it to `new_name`, if given)."""
+    from experiments.core.machine import machine_file, rename_machine, this_machine
+
+    try:
+        current = rename_machine(new_name) if new_name is not None else this_machine()
+    except ConfigError as error:
+        print(f"ddpbench machine: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"machine: {current['name']} (id {current['id']}; named in {machine_file()})")
+    for key, value in current["fingerprint"].items():
+        print(f"  {key}: {value}")
+    print(f"its results: results/runs/{current['name']}/ (the project's own: results/reference/)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (0 ok, 1 some config failed, 2 bad input, 130 Ctrl-C)."""
     parser = build_parser()
@@ -162,13 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "main-job":
         return main_job(args.profile, args.out_dir, args.only)
     if args.command == "report":
-        # The report reads results/ (DDPBENCH_RESULTS); the analysis scripts are not part of the suite's package.
-        if args.smoke:
-            os.environ.setdefault("DDPBENCH_RESULTS", str(Path(__file__).resolve().parent.parent / "results" / "smoke"))
-        import runpy
-
-        runpy.run_module("analysis.report", run_name="__main__")
-        return 0
+        return report(args.smoke, args.reference)
+    if args.command == "machine":
+        return machine(args.machine)
     if args.command in ("predict", "tune-bucket"):
         return perfmodel.main(args)
     if args.command == "advise":

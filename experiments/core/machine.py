@@ -1,14 +1,21 @@
-"""The machine a measurement runs on: its name, its environment (stored in every record), how busy its
-cores are, and whether ranks run under torchrun."""
+"""The machine a measurement runs on: its identity (a fingerprint and a name the user can change, as
+`asv machine` keeps one), its environment (stored in every record), how busy its cores are, and whether
+ranks run under torchrun. Results are keyed by the machine's name and are only ever read as that
+machine's; the project's own results live apart, under results/reference/."""
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import platform
+import re
 import resource
 import socket
 import time
 from pathlib import Path
 
+from experiments.core.config import ConfigError
 from experiments.core.git import git_or_empty
 
 
@@ -67,20 +74,127 @@ def environment(threads: int | None = None) -> dict:
         "cpu_count": os.cpu_count(),
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "machine": machine_name(),  # the name and identity of the machine (see this_machine)
+        "machine_id": this_machine()["id"],
         "threads_per_rank": threads,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def machine_name() -> str:
-    """A short name for this kind of machine, used to key stored results: arch, cores, GPU."""
+# A machine's name: what results are filed under (results/runs/<name>/). Letters, digits, '.', '_', '-'.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+RESERVED_NAMES = ("reference",)  # results/reference/ holds the project's committed results
+
+
+def machine_file() -> Path:
+    """Where this user's machines are named: $DDPBENCH_MACHINE_FILE, else ~/.config/ddpbench/machine.json."""
+    if os.environ.get("DDPBENCH_MACHINE_FILE"):
+        return Path(os.environ["DDPBENCH_MACHINE_FILE"])
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config) / "ddpbench" / "machine.json"
+
+
+def host_id() -> str:
+    """A stable, anonymous id of this host: a hash of /etc/machine-id (systemd's), else of the host name."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12]
+
+
+def fingerprint() -> dict:
+    """What makes two machines measure alike or not: CPU model, cores, memory, GPU model and count, and
+    the host they are (two hosts of the same kind still differ: other tenants, other cooling)."""
     import torch
 
-    name = f"{platform.machine()}-{os.cpu_count()}cpu"
-    if torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name(0).replace("NVIDIA ", "").replace(" ", "_")
-        name += f"-{torch.cuda.device_count()}x{gpu}"
-    return name
+    cuda = torch.cuda.is_available()
+    return {"arch": platform.machine(), "cpu": _cpu_model(), "cores": os.cpu_count(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
+            "gpu": torch.cuda.get_device_name(0) if cuda else None,
+            "gpu_count": torch.cuda.device_count() if cuda else 0, "host_id": host_id()}
+
+
+def fingerprint_id(print_: dict) -> str:
+    """A short hash of a fingerprint: the machine's identity in records."""
+    return hashlib.sha256(json.dumps(print_, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def default_name(print_: dict) -> str:
+    """A readable name for a fingerprint: arch, cores, GPUs, and 6 digits of its id (so that two
+    machines of the same kind get different names)."""
+    name = f"{print_['arch']}-{print_['cores']}cpu"
+    if print_["gpu_count"]:
+        name += f"-{print_['gpu_count']}x{print_['gpu'].replace('NVIDIA ', '').replace(' ', '_')}"
+    return f"{name}-{fingerprint_id(print_)[:6]}"
+
+
+def _read_machines(path: Path) -> dict:
+    try:
+        known = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"machine file {path} cannot be read ({error}); fix or remove it") from None
+    if not isinstance(known, dict) or not isinstance(known.get("machines", {}), dict):
+        raise ConfigError(f"machine file {path} is not a ddpbench machine file; fix or remove it")
+    return known.get("machines", {})
+
+
+def _write_machines(path: Path, machines: dict) -> None:
+    # Written whole to a temporary file and renamed: a crash never leaves half a machine file.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"version": 1, "machines": machines}, indent=1, sort_keys=True) + "\n")
+    os.replace(temporary, path)
+
+
+@functools.lru_cache(maxsize=1)
+def this_machine() -> dict:
+    """This machine: {name, id, fingerprint}. Named once, in the machine file (a default name the first
+    time, written there); a machine whose fingerprint changed (another host, more memory, a GPU) is a
+    new machine with a name of its own, so that its results are never read as the old one's."""
+    print_ = fingerprint()
+    ident = fingerprint_id(print_)
+    path = machine_file()
+    machines = _read_machines(path)
+    if ident not in machines:
+        machines[ident] = {"name": default_name(print_), "fingerprint": print_}
+        try:
+            _write_machines(path, machines)
+        except OSError:
+            pass  # a read-only home: the default name still keys the results, it is just not kept
+    return {"name": machines[ident]["name"], "id": ident, "fingerprint": print_}
+
+
+def machine_name() -> str:
+    """This machine's name, which keys its stored results (results/runs/<name>/); see this_machine."""
+    return this_machine()["name"]
+
+
+def rename_machine(name: str) -> dict:
+    """Name this machine `name` in the machine file; ConfigError for a name that is not allowed or that
+    another machine already has (its results would be mixed with this one's)."""
+    if not NAME_PATTERN.fullmatch(name) or name.lower() in RESERVED_NAMES:
+        raise ConfigError(f"--machine={name!r} is not allowed; a name is 1-64 letters, digits, '.', '_' or '-' "
+                          f"(starting with a letter or digit), and not {', '.join(RESERVED_NAMES)}")
+    current = this_machine()
+    path = machine_file()
+    machines = _read_machines(path)
+    taken = [i for i, m in machines.items() if m.get("name") == name and i != current["id"]]
+    if taken:
+        raise ConfigError(f"--machine={name!r} already names another machine in {path} (id {taken[0]}); "
+                          "choose another name")
+    machines[current["id"]] = {"name": name, "fingerprint": current["fingerprint"]}
+    try:
+        _write_machines(path, machines)
+    except OSError as error:
+        raise ConfigError(f"--machine={name!r}: cannot write {path} ({error.strerror or error})") from None
+    this_machine.cache_clear()
+    return this_machine()
 
 
 def _cpu_model() -> str:

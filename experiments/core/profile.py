@@ -84,11 +84,14 @@ def choose_profile_record(candidates: list[dict], copies: int, measured_at: str 
     return None
 
 
-def find_profile(records: list[dict], config: dict, measured_at: str | None = None) -> Profile | None:
+def find_profile(records: list[dict], config: dict, measured_at: str | None = None,
+                 machine_id: str | None = None) -> Profile | None:
     """The measured profile among `records` whose model, inputs, device and threads match `config`,
-    chosen by `choose_profile_record`. Profiles scaled to a GPU (`scaled_to`) are never picked."""
+    chosen by `choose_profile_record`. Profiles scaled to a GPU (`scaled_to`) are never picked, nor, with
+    `machine_id`, a profile that another machine measured (records made before machines had ids match)."""
     matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok" and "scaled_to" not in r
-               and all(config_value(r["config"], k) == config_value(config, k) for k in PROFILE_KEYS)]
+               and all(config_value(r["config"], k) == config_value(config, k) for k in PROFILE_KEYS)
+               and machine_id in (None, (r.get("env") or {}).get("machine_id", machine_id))]
     chosen = choose_profile_record(matches, config["world_size"], measured_at)
     return None if chosen is None else Profile.from_record(chosen)
 

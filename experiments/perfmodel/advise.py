@@ -87,7 +87,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
 def network(args: argparse.Namespace, config: RunConfig) -> CommModel:
     """The network advise predicts for: --cluster, or this machine's all-reduce records (--allreduce,
     default results/runs/<machine>) behind --link if given."""
-    allreduce = args.allreduce or Path("results") / "runs" / machine_name()
+    allreduce = args.allreduce or Path(__file__).resolve().parents[2] / "results" / "runs" / machine_name()
     if args.cluster is None and not allreduce.exists():
         raise ConfigError(f"--allreduce: no all-reduce records at {allreduce}; measure them with `ddpbench allreduce "
                           f"--mode size --world-size 2 --out {allreduce}/allreduce.jsonl`, or pass --cluster")

@@ -48,7 +48,8 @@ def prediction_errors(runs: Path, backend: str = "gloo", device: str = "cpu", al
         else:
             if machine is None:
                 continue
-            profile = find_profile(records, c, (record.get("env") or {}).get("time"))
+            env = record.get("env") or {}
+            profile = find_profile(records, c, env.get("time"), env.get("machine_id"))
             # Over an emulated link: the link's configured rate, never a fit to these runs.
             comm = machine if link == "none" else emulated(machine, link, rate, ranks_per_host)
         if profile is None:
