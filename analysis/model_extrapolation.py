@@ -19,7 +19,7 @@ import pandas as pd
 from analysis.common import figure, machine, results_dir, save
 from experiments.core.profile import Profile
 from experiments.core.records import read_records
-from experiments.perfmodel.comm import PRESETS
+from experiments.perfmodel.comm import CLUSTERS
 from experiments.perfmodel.gpus import TRAINING_FLOPS, estimated_seconds
 from experiments.perfmodel.simulate import Schedule, simulate
 
@@ -47,7 +47,7 @@ def predictions(profiles: dict[str, Profile]) -> pd.DataFrame:
     rows = []
 
     def add(experiment, model, backend, schedule):
-        prediction = simulate(profiles[model], PRESETS[BACKENDS[backend]], schedule)
+        prediction = simulate(profiles[model], CLUSTERS[BACKENDS[backend]], schedule)
         rows.append({"experiment": experiment, "model": model, "backend": backend, "world_size": schedule.world_size,
                      "bucket_mb": schedule.bucket_mb, "sync_every": schedule.sync_every,
                      "process_groups": schedule.process_groups, "predicted_s": prediction.latency,

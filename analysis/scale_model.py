@@ -20,7 +20,7 @@ import pandas as pd
 
 from analysis.common import caption, figure, runs, runs_folder, save
 from experiments.core.stats import ratio_of_medians
-from experiments.perfmodel.comm import PRESETS
+from experiments.perfmodel.comm import CLUSTERS
 from experiments.perfmodel.validation import prediction_errors
 
 GOAL = 0.05  # emulated within 5% of real compute; dilations within 5% of K = 1
@@ -89,7 +89,7 @@ def intra_host_table(dilation: float) -> pd.DataFrame:
     frame = runs("scale_loopback", kind="allreduce")
     if frame.empty:
         return frame
-    nvlink = PRESETS["paper-v100-nccl"].intra.busbw
+    nvlink = CLUSTERS["paper-v100-nccl"].intra.busbw
     largest = frame[frame["elements"] == frame["elements"].max()]
     rows = [{"world_size": row.world_size, "loopback_busbw_GBps": row.summary_busbw_GBps, "time_dilation": dilation,
              "undilated_busbw_GBps": row.summary_busbw_GBps * dilation, "nvlink_busbw_GBps": nvlink / 1e9,

@@ -6,7 +6,7 @@ import pytest
 
 from experiments.cli import main
 from experiments.core.profile import Profile, find_profile
-from experiments.perfmodel.comm import PRESETS, CommModel, Link, fit
+from experiments.perfmodel.comm import CLUSTERS, CommModel, Link, fit
 from experiments.perfmodel.predict import recommend
 from experiments.perfmodel.simulate import Schedule, buckets_of, simulate
 
@@ -39,7 +39,7 @@ def test_cluster_preset_uses_the_slowest_link_the_ring_crosses():
     assert cluster.link(9) == Link(1e-5, 10e9)
     assert cluster.allreduce(1e9, 1) == 0
     assert cluster.allreduce(1e9, 16) == pytest.approx(2 * 15 * 1e-5 + 2 * 15 / 16 * 1e9 / 10e9)
-    for preset in PRESETS.values():
+    for preset in CLUSTERS.values():
         assert preset.source and preset.intra.busbw >= preset.inter.busbw
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 SCHEMA_VERSION = 2  # 2: run records no longer store `breakdown_s` (derived from `phases_s` on loading)
 READABLE_VERSIONS = (1, 2)
 KINDS = ("run", "allreduce", "train", "profile")
+# The phases of an iteration a run record times (`phases_s`), in their order within the iteration.
+RUN_PHASES = ("forward", "backward", "exposed_comm", "optimizer")
 
 
 class SchemaError(ValueError):

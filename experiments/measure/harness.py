@@ -28,8 +28,6 @@ from experiments.measure.amp import FULL, Precision
 from experiments.measure.workloads.base import Workload, model_size
 from experiments.measure.workloads.spec import load as load_workload
 
-PHASES = ("forward", "backward", "exposed_comm", "optimizer")
-
 
 class Clock:
     """Timestamps within one iteration; on CUDA, events read only after a device synchronisation."""

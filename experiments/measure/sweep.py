@@ -23,10 +23,10 @@ from tqdm import tqdm
 
 from experiments.core.config import RunConfig
 from experiments.core.machine import environment, under_torchrun
-from experiments.core.records import LATER_FIELDS, SchemaError, append_record, config_key, recorded_keys
+from experiments.core.records import LATER_FIELDS, RUN_PHASES, SchemaError, append_record, config_key, recorded_keys
 from experiments.core.stats import slowest_rank_per_cycle, summarize
 from experiments.emulate import network
-from experiments.measure.harness import PHASES, measure
+from experiments.measure.harness import measure
 from experiments.measure.launch import RankFailed, RankPool, RanksTimedOut
 
 
@@ -54,7 +54,7 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
         # (emulated compute: the profile's batch is what an iteration stands for)
         "summary": summarize(latency, (per_rank[0].get("compute") or {}).get("batch_size", config.batch_size)
                              * config.world_size),
-        "phases_s": {p: [[undilated(it["phases"][p]) for it in r["iterations"]] for r in per_rank] for p in PHASES},
+        "phases_s": {p: [[undilated(it["phases"][p]) for it in r["iterations"]] for r in per_rank] for p in RUN_PHASES},
         "buckets": [{b: [undilated(t) for t in times] for b, times in r["timeline"]["buckets"].items()}
                     if r["timeline"] else None for r in per_rank],
         "correct": not wrong,
@@ -254,7 +254,7 @@ def write_trace(trace_dir: Path, config: RunConfig, per_rank: list[dict]) -> Pat
         timeline, last = r["timeline"], r["iterations"][-1]
         pid = f"rank {r['rank']}"
         start = 0.0
-        for phase in PHASES:
+        for phase in RUN_PHASES:
             duration = last["phases"][phase]
             if duration is None:
                 continue

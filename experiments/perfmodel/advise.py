@@ -23,7 +23,7 @@ from experiments.core.records import read_records
 from experiments.measure.configs import expand_grid
 from experiments.perfmodel import probe
 from experiments.perfmodel import profiler as profiling
-from experiments.perfmodel.comm import PRESETS, CommModel
+from experiments.perfmodel.comm import CLUSTERS, CommModel
 from experiments.perfmodel.predict import comm_model
 from experiments.perfmodel.report import build_report, format_markdown, format_terminal, write_outputs
 
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="the device profiled; default cuda with GPUs, else cpu")
     parser.add_argument("--world-size", type=int, default=2, help="ranks to predict for (default 2)")
     network = parser.add_mutually_exclusive_group()
-    network.add_argument("--cluster", help=f"a cluster preset: {', '.join(PRESETS)} (default: this machine)")
+    network.add_argument("--cluster", help=f"a cluster preset: {', '.join(CLUSTERS)} (default: this machine)")
     network.add_argument("--link", default="none", help="this machine's ranks on emulated hosts behind links of this "
                          "rate, as `ddpbench run --link` (default none: loopback)")
     parser.add_argument("--ranks-per-host", type=int, default=1, help="with --link: ranks per emulated host")

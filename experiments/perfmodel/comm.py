@@ -168,7 +168,7 @@ GB = 1e9
 # NVLink at about 20% (NVIDIA/nccl-tests issue 212); we apply the same 0.8 to NVLink, 0.9 to InfiniBand.
 NVLINK_EFFICIENCY, IB_EFFICIENCY = 0.8, 0.9
 
-PRESETS: dict[str, CommModel] = {
+CLUSTERS: dict[str, CommModel] = {
     "paper-v100-nccl": CommModel(
         name="paper-v100-nccl", per_server=8,
         intra=Link(alpha=5e-6, busbw=NVLINK_EFFICIENCY * 150 * GB),

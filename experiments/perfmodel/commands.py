@@ -27,7 +27,7 @@ from experiments.core.config import (
 from experiments.core.profile import Profile, config_value
 from experiments.core.records import read_records
 from experiments.measure.configs import expand_grid
-from experiments.perfmodel.comm import PRESETS
+from experiments.perfmodel.comm import CLUSTERS
 from experiments.perfmodel.gpus import PEAK_FP32_FLOPS, TRAINING_FLOPS, scale_profile_record
 from experiments.perfmodel.predict import (
     DEFAULT_CAPS,
@@ -96,7 +96,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
     parser.add_argument("--compute-s", type=float, help="scale the profile so that one synchronised iteration computes "
                         "for this many seconds (e.g. a CPU profile used for a GPU cluster: the GPU's time)")
     network = parser.add_mutually_exclusive_group(required=True)
-    network.add_argument("--cluster", help=f"a cluster preset: {', '.join(PRESETS)}")
+    network.add_argument("--cluster", help=f"a cluster preset: {', '.join(CLUSTERS)}")
     network.add_argument("--allreduce", type=Path, help="all-reduce records to fit (file or folder) - this machine")
     parser.add_argument("--link", default="none", help="with --allreduce: predict for this machine's ranks on emulated "
                         "hosts behind links of this rate (as `ddpbench run --link`), e.g. 2.5gbit")

@@ -9,7 +9,7 @@ from pathlib import Path
 from experiments.core.config import ConfigError, parse_rate, validate_network
 from experiments.core.profile import Profile
 from experiments.core.records import read_records
-from experiments.perfmodel.comm import PRESETS, CommModel, emulated, fit
+from experiments.perfmodel.comm import CLUSTERS, CommModel, emulated, fit
 from experiments.perfmodel.simulate import Schedule, simulate
 
 DEFAULT_CAPS = "0,1,5,10,25,50,100,200"  # the caps E3 measures, so that a recommendation can be checked
@@ -20,11 +20,11 @@ def comm_model(cluster: str | None, allreduce: Path | None, link: str = "none", 
     """The network: the cluster preset `cluster`, or a fit to this machine's all-reduce records under
     `allreduce` (of `backend` on `device`), behind emulated links of rate `link` if one is given."""
     if cluster is not None:
-        if cluster not in PRESETS:
-            raise ConfigError(f"--cluster={cluster!r} is unknown; choose one of {', '.join(PRESETS)}")
+        if cluster not in CLUSTERS:
+            raise ConfigError(f"--cluster={cluster!r} is unknown; choose one of {', '.join(CLUSTERS)}")
         if link != "none":
             raise ConfigError("--link needs --allreduce (this machine's fit), not --cluster")
-        return PRESETS[cluster]
+        return CLUSTERS[cluster]
     validate_network(link, ranks_per_host)
     try:
         machine = fit(read_records(allreduce), backend, device).model

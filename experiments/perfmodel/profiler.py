@@ -95,12 +95,12 @@ def _profile(rank: int, config: RunConfig, alone) -> dict:
     }
 
 
-PHASES = ("forward", "backward", "tail", "optimizer")
+PROFILE_PHASES = ("forward", "backward", "tail", "optimizer")
 
 
 def _p50(result: dict) -> float:
     """A copy's median synchronised iteration."""
-    return statistics.median(sum(row[phase] for phase in PHASES) for row in result["synced"])
+    return statistics.median(sum(row[phase] for phase in PROFILE_PHASES) for row in result["synced"])
 
 
 def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
@@ -108,7 +108,7 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
     and dtypes, every copy's median, and the other copies' raw samples."""
     slowest = max(range(len(per_rank)), key=lambda rank: _p50(per_rank[rank]))
     result = per_rank[slowest]
-    summary = {phase: statistics.median(row[phase] for row in result["synced"]) for phase in PHASES}
+    summary = {phase: statistics.median(row[phase] for row in result["synced"]) for phase in PROFILE_PHASES}
     summary.update(p50=_p50(result), copies_p50=[_p50(r) for r in per_rank])
     others = [{k: r[k] for k in ("synced", "skipped")} for rank, r in enumerate(per_rank) if rank != slowest]
     return {"kind": "profile", "status": "ok", "config": dataclasses.asdict(config), "summary": summary, **result,
