@@ -51,9 +51,28 @@ def _add_list_params(parser: argparse.ArgumentParser, names: list[str]) -> None:
                             help=f"comma-separated{allowed}; default {default}")
 
 
+def version() -> str:
+    """ddpbench's version and the commit of this tree (with `+dirty` where it has uncommitted changes)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    from experiments.core.git import git_or_empty
+
+    here = Path(__file__).resolve().parent
+    try:
+        number = installed("ddpbench")
+    except PackageNotFoundError:  # run from a clone (./ddpbench): the version pyproject.toml states
+        text = (here.parent / "pyproject.toml").read_text()
+        number = next((line.split('"')[1] for line in text.splitlines() if line.startswith("version")), "unknown")
+    commit = git_or_empty("rev-parse", "--short=12", "HEAD", cwd=here)
+    dirty = "+dirty" if git_or_empty("status", "--porcelain", "--untracked-files=no", cwd=here) else ""
+    return f"ddpbench {number} (commit {commit or 'unknown'}{dirty})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one sub-command per kind of measurement."""
     parser = argparse.ArgumentParser(prog="ddpbench", description="DDP benchmarks after Li et al., VLDB 2020")
+    parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="measure training iterations over a grid of configs")

@@ -117,3 +117,13 @@ def test_the_report_names_its_machine_and_warns_when_records_come_from_several(t
     (runs / "e2_overlap.jsonl").write_text("\n".join(lines) + "\n")
     subprocess.run([sys.executable, "-m", "analysis.report"], cwd=ROOT, env=env, capture_output=True, check=True)
     assert "Warning: these records come from" not in (tmp_path / "report.md").read_text()
+
+
+def test_version_names_the_commit_of_the_code(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    assert out.startswith("ddpbench 0.1.0 (commit ") and commit in out

@@ -198,7 +198,7 @@ def test_predict_says_which_profile_and_warns_of_a_cpu_profile_for_a_gpu_cluster
     (["--model", "resnet-tiny", "--cluster", "dgx-a100"], "--cluster='dgx-a100' is unknown; choose one of paper-v100"),
     (["--model", "bert-base", "--cluster", "paper-v100-nccl"], "holds no profile of --model='bert-base'"),
     (["--model", "resnet-tiny", "--cluster", "paper-v100-nccl", "--colocated", "3"], "with --colocated=3; it has: "
-     "resnet-tiny (colocated 1), resnet-tiny (colocated 2)"),
+     "resnet-tiny (colocated 1), resnet-tiny (colocated 2); add --colocated with one of 1, 2"),
     (["--model", "resnet-tiny", "--cluster", "paper-v100-nccl", "--bucket-mb", "-5"], "--bucket-mb=-5 is not allowed"),
     (["--model", "resnet-tiny", "--cluster", "paper-v100-nccl", "--overlap", "maybe"], "--overlap: 'maybe' is not"),
     (["--model", "resnet-tiny", "--allreduce", "/nonexistent"], "--allreduce='/nonexistent': no record file"),
@@ -206,3 +206,33 @@ def test_predict_says_which_profile_and_warns_of_a_cpu_profile_for_a_gpu_cluster
 def test_predict_bad_input_exits_2_with_the_reason(tiny_profile, capsys, argv, needle):
     assert main(["predict", "--profile", str(tiny_profile), *argv]) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+def test_predict_takes_the_only_profile_there_is_and_names_the_flag_that_picks_one(tiny_profile, tmp_path, capsys):
+    # `advise` profiles as many copies as ranks: its file holds one profile, of 2 co-located copies.
+    only_two = tmp_path / "advise.profile.jsonl"
+    only_two.write_text(tiny_profile.read_text().splitlines()[1] + "\n")
+    argv = ["predict", "--profile", str(only_two), "--model", "resnet-tiny", "--cluster", "paper-v100-nccl", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["profile"]["world_size"] == 2
+    assert main([*argv, "--colocated", "1"]) == 2
+    assert "add --colocated 2" in capsys.readouterr().err
+
+
+def test_an_a100_cluster_preset_from_the_datasheet():
+    a100 = CLUSTERS["dgx-a100-nccl"]
+    assert a100.per_server == 8 and "datasheet" in a100.source
+    # between the V100 and the H100 servers, inside a server and between them
+    assert CLUSTERS["paper-v100-nccl"].intra.busbw < a100.intra.busbw < CLUSTERS["dgx-h100-nccl"].intra.busbw
+    assert CLUSTERS["paper-v100-nccl"].inter.busbw < a100.inter.busbw < CLUSTERS["dgx-h100-nccl"].inter.busbw
+
+
+def test_advise_prints_its_warnings_before_its_figures():
+    from experiments.perfmodel.report import format_terminal
+
+    report = {"model": "m", "model_config": "", "amp": "none", "network": "n", "network_source": "s",
+              "profile": "profile: m", "figures": [{"figure": "iteration", "kind": "predicted", "value": "1 ms"}],
+              "warnings": ["a CPU profile used for the GPU cluster"]}
+    text = format_terminal(report)
+    assert text.index("warning: a CPU profile") < text.index("iteration")

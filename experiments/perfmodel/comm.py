@@ -183,6 +183,13 @@ CLUSTERS: dict[str, CommModel] = {
         source="the paper's testbed with Gloo: GPU tensors staged through host memory and TCP; 5 GB/s and 20 us "
                "per step inside a server, 2.5 GB/s and 50 us across (about one TCP stream per rank pair on "
                "100 Gb/s) are assumptions, not measurements - fit your own with `ddpbench allreduce --backend gloo`"),
+    "dgx-a100-nccl": CommModel(
+        name="dgx-a100-nccl", per_server=8,
+        intra=Link(alpha=4e-6, busbw=NVLINK_EFFICIENCY * 300 * GB),
+        inter=Link(alpha=9e-6, busbw=IB_EFFICIENCY * 8 * 25 * GB),
+        source="DGX A100 from NVIDIA's datasheet: NVLink 3 through NVSwitch (12 links x 25 GB/s = 300 GB/s per "
+               "direction per GPU), eight 200 Gb/s (25 GB/s) HDR InfiniBand ports per server, one per GPU, used by "
+               "parallel rings; alphas assumed (between the V100's and the H100's), not measured"),
     "h100-400g-nccl": CommModel(
         name="h100-400g-nccl", per_server=8,
         intra=Link(alpha=3e-6, busbw=NVLINK_EFFICIENCY * 450 * GB),

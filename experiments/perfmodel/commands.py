@@ -90,9 +90,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
     for name in ("batch_size", "image_size", "seq_len", "threads"):
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int,
                             help="pick the profile with this value (default: the newest profile of the model)")
-    parser.add_argument("--colocated", type=int, default=1,
-                        help="pick the profile measured as this many co-located copies (default 1: a process alone; "
-                        "on a shared host, the world size)")
+    parser.add_argument("--colocated", type=int, default=None,
+                        help="pick the profile measured as this many co-located copies (default: 1, a process alone, "
+                        "or the only count the file has; on a shared host, the world size)")
     parser.add_argument("--compute-s", type=float, help="scale the profile so that one synchronised iteration computes "
                         "for this many seconds (e.g. a CPU profile used for a GPU cluster: the GPU's time)")
     network = parser.add_mutually_exclusive_group(required=True)
@@ -120,6 +120,12 @@ def chosen_profile(args: argparse.Namespace) -> Profile:
         raise ConfigError(f"--profile: {error}") from None
     flags = {k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len", "threads", "colocated",
                                            "model_config", "amp") if getattr(args, k, None) is not None}
+    if "colocated" not in flags:
+        # One copy (a process alone) by default; where the file holds profiles of one other copy count only
+        # (`advise` profiles as many copies as ranks), that one: it is the only profile there is.
+        counts = {r["config"]["world_size"] for r in records if r.get("kind") == "profile" and r["status"] == "ok"
+                  and r["config"]["model"] == args.model}
+        flags["colocated"] = 1 if 1 in counts or len(counts) != 1 else counts.pop()
     # a profile's world size is its count of co-located copies
     wanted = {("world_size" if k == "colocated" else k): v for k, v in flags.items()}
     matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok"
@@ -129,8 +135,12 @@ def chosen_profile(args: argparse.Namespace) -> Profile:
         found = sorted({f"{r['config']['model']} (colocated {r['config']['world_size']})"
                         for r in records if r.get("kind") == "profile"})
         asked = ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in flags.items())
+        counts = sorted({r["config"]["world_size"] for r in records if r.get("kind") == "profile"
+                         and r["config"]["model"] == args.model})
+        hint = (f"; add --colocated {counts[0]}" if len(counts) == 1 else
+                f"; add --colocated with one of {', '.join(map(str, counts))}") if counts else ""
         raise ConfigError(f"--profile={str(args.profile)!r} holds no profile of --model={args.model!r} with {asked}; "
-                          f"it has: {', '.join(found) or 'none'} (make one with `ddpbench profile`)")
+                          f"it has: {', '.join(found) or 'none'}{hint} (make one with `ddpbench profile`)")
     profile = Profile.from_record(matches[-1])
     if args.compute_s is None:
         return profile

@@ -163,6 +163,8 @@ def format_terminal(report: dict) -> str:
              + (f" ({report['model_config']})" if report["model_config"] else "")
              + (f", amp {report['amp']}" if report["amp"] != "none" else ""),
              f"network: {report['network']} ({report['network_source']})", str(report["profile"]), ""]
+    # Warnings first: a figure read before its caveat misleads (a CPU profile on a GPU cluster, ...).
+    lines += [f"warning: {w}" for w in report["warnings"]] + ([""] if report["warnings"] else [])
     lines += [f"{f['figure']:<{width}}  {f['kind']:<9}  {f['value']}" for f in report["figures"]]
     buckets = report.get("buckets", [])
     if buckets:
@@ -174,7 +176,6 @@ def format_terminal(report: dict) -> str:
                          f"{b['complete_ms']:>8.1f} {b['waits_ms']:>7.1f}  {b['last_gradient']}")
         if len(shown) < len(buckets):
             lines.append(f"  ({len(buckets) - len(shown)} more in the JSON and Markdown)")
-    lines += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)
 
 
