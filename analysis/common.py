@@ -181,7 +181,7 @@ def latency_against(experiment: str, x: str, xlabel: str, title: str, xscale: st
             line_with_band(ax, group, x, f"{backend}, {world_size} ranks")
         ylabel = "mean seconds per iteration per cycle (median, IQR)" if per_cycle else "seconds per iteration (median, IQR)"
         ax.set(xscale=xscale, xlabel=xlabel, ylabel=ylabel, title=f"{title}: {model}")
-        if xscale == "log":
+        if xscale in ("log", "symlog"):  # the measured values as plain numbers (1, 5, 25 MB), not 10^0
             plain_ticks(ax, sorted(frame[x].unique()))
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)

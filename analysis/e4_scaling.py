@@ -29,6 +29,7 @@ def main() -> None:
     left.set(xlabel="ranks (world size)", ylabel="seconds per iteration (median, IQR)", title="E4: latency")
     right.set(xlabel="ranks (world size)", ylabel="speedup in throughput", title="E4: scaling")
     for ax in (left, right):
+        ax.set_xticks(sorted(frame["world_size"].unique()))  # ranks come whole: no 1.2-rank ticks
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)

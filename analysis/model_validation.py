@@ -58,10 +58,13 @@ def main() -> None:
     fig, (ax_fit, ax_val) = figure(caption(runs("e2_overlap")), ncols=2, width=5.5)
     fitted = pd.DataFrame(comm_fit.rows)
     for mode, group in fitted.groupby("mode"):
-        group = group.sort_values("bytes_per_call")
         ax_fit.scatter(group["bytes_per_call"], group["measured_s"] / group["calls"], label=f"measured ({mode})", s=14)
-        ax_fit.plot(group["bytes_per_call"], group["predicted_s"] / group["calls"], lw=1, color="k")
     model = comm_fit.model.intra
+    # The fitted model itself, one smooth curve per rank count (not a line joining the records' sizes).
+    sizes = np.logspace(np.log10(fitted["bytes_per_call"].min()), np.log10(fitted["bytes_per_call"].max()), 200)
+    for ranks in sorted(fitted["ranks"].unique()):
+        ax_fit.plot(sizes, [comm_fit.model.allreduce(n, int(ranks)) for n in sizes], lw=1, color="k",
+                    label=f"fit at {ranks} ranks: 2(p-1)alpha + 2(p-1)/p n/busbw")
     ax_fit.set(xscale="log", yscale="log", xlabel="bytes per all-reduce", ylabel="seconds per all-reduce",
                title=f"all-reduce fit: alpha {model.alpha * 1e6:.0f} us, busbw {model.busbw / 1e9:.2f} GB/s\n"
                      f"median |error| {comm_fit.median_error:.0%}, worst {comm_fit.worst_error:.0%}")
