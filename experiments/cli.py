@@ -110,7 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="smoke, quick or full (default: full with GPUs, else quick)")
     job.add_argument("--out-dir", type=Path, required=True, help="folder of the record files, one per experiment")
     job.add_argument("--only", help="comma-separated experiment names (default: all)")
-    report = sub.add_parser("report", help="rebuild the main job's figures and report from this machine's records")
+    report = sub.add_parser("report", help="a report of any records (a summary, a figure per varied parameter, "
+                                           "findings); without records, the main job's report of this machine")
+    report.add_argument("records", nargs="*", type=Path, help="record files or folders of `ddpbench run`")
+    report.add_argument("--out", type=Path, help="folder of the report of RECORDS (default: beside the first, "
+                                                  "<name>-report/)")
+    report.add_argument("--html", action="store_true", help="also write one self-contained page, index.html")
     report.add_argument("--smoke", action="store_true", help="the smoke profile's results (results/smoke/)")
     report.add_argument("--reference", metavar="MACHINE", nargs="?", const="x86_64-2cpu",
                         help="rebuild the project's committed reference results of MACHINE instead "
@@ -192,6 +197,28 @@ def report(smoke: bool, reference: str | None) -> int:
     return 0
 
 
+def sweep_report(records: list[Path], out: Path | None, with_html: bool) -> int:
+    """Write the report of the user's own records (see analysis/sweep_report.py) and print its findings."""
+    from analysis.sweep_report import write_report
+
+    missing = [str(p) for p in records if not p.exists()]
+    if missing:
+        print(f"ddpbench report: error: RECORDS: {', '.join(missing)} not found", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    first = records[0]
+    out = out or first.parent / f"{first.stem if first.is_file() else first.name}-report"
+    try:
+        check_folder(out, "out")
+        lines = write_report(records, out, with_html)
+    except (ConfigError, ValueError) as error:
+        print(f"ddpbench report: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for line in lines:
+        print(line)
+    print(f"ddpbench report: {out / 'report.md'}" + (f" and {out / 'index.html'}" if with_html else ""))
+    return 0
+
+
 def machine(new_name: str | None) -> int:
     """Print this machine's name, id and fingerprint (after renaming it to `new_name`, if given)."""
     from experiments.core.machine import machine_file, rename_machine, this_machine
@@ -223,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "main-job":
         return main_job(args.profile, args.out_dir, args.only)
     if args.command == "report":
+        if args.records:
+            return sweep_report(args.records, args.out, args.html)
+        if args.out is not None or args.html:
+            print("ddpbench report: error: --out and --html are for a report of RECORDS; the main job's report "
+                  "goes to results/report.md", file=sys.stderr)
+            return EXIT_BAD_INPUT
         return report(args.smoke, args.reference)
     if args.command == "machine":
         return machine(args.machine)

@@ -1,0 +1,81 @@
+"""`ddpbench report RECORDS...` on a user's own sweep: what varies, a summary with ratios and intervals,
+a figure per varied parameter, findings in one line each, and one self-contained page that a real
+browser renders."""
+import csv
+import random
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, replace
+
+import pytest
+
+from experiments.cli import main
+from experiments.core.config import RunConfig
+from experiments.core.records import append_record
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--enable-logging=stderr", "--v=0", "--dump-dom"]
+
+
+def _sweep(path):
+    """A 2 x 2 grid (bucket cap x implementation); 5 MB buckets are 10% faster, no overlap 30% slower."""
+    rng = random.Random(0)
+    for bucket_mb in (5.0, 25.0):
+        for impl in ("ddp_core", "ddp_core_no_overlap"):
+            config = replace(RunConfig(), bucket_mb=bucket_mb, impl=impl)
+            base = 0.100 * (0.9 if bucket_mb == 5 else 1.0) * (1.3 if impl != "ddp_core" else 1.0)
+            samples = [base * rng.uniform(0.98, 1.02) for _ in range(40)]
+            append_record(path, {"kind": "run", "status": "ok", "config": asdict(config), "latency_s": samples,
+                                 "summary": {"throughput": 16 / base}})
+
+
+def test_report_of_a_sweep_finds_what_varies_and_says_what_is_fastest(tmp_path, capsys):
+    records = tmp_path / "mine.jsonl"
+    _sweep(records)
+    assert main(["report", str(records)]) == 0
+    out = capsys.readouterr().out
+    # the baseline holds the defaults (25 MB, ddp_core); 5 MB is 0.9x of it, the interval around it
+    line = next(line for line in out.splitlines() if line.startswith("bucket_mb 5 is the fastest"))
+    ratio, low, high = map(float, re.search(r": ([\d.]+)x \[([\d.]+), ([\d.]+)\] of bucket_mb 25", line).groups())
+    assert ratio == pytest.approx(0.9, abs=0.02) and low < ratio < high < 1
+    assert "impl ddp_core is the fastest (with bucket_mb=25)." in out
+    folder = tmp_path / "mine-report"
+    rows = list(csv.DictReader((folder / "summary.csv").open()))
+    assert len(rows) == 4 and sum(r["baseline"] == "True" for r in rows) == 1
+    assert {(r["bucket_mb"], r["impl"]) for r in rows} == {(b, i) for b in ("5.0", "25.0")
+                                                         for i in ("ddp_core", "ddp_core_no_overlap")}
+    assert (folder / "latency-bucket_mb.png").stat().st_size > 5000 and (folder / "latency-impl.png").exists()
+    assert "## Findings" in (folder / "report.md").read_text()
+
+
+def test_report_bad_input_exits_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "none.jsonl")]) == 2
+    assert "none.jsonl not found" in capsys.readouterr().err
+    failed = tmp_path / "failed.jsonl"
+    append_record(failed, {"kind": "run", "status": "failed", "config": asdict(RunConfig()), "error": "x"})
+    assert main(["report", str(failed)]) == 2
+    assert "no successful run records" in capsys.readouterr().err
+    assert main(["report", "--html"]) == 2  # the main job's report has no page
+
+
+def test_report_page_is_self_contained_and_renders_in_chromium(tmp_path):
+    browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip("no Chromium found (run_tests.sh installs the Debian package `chromium` where it can)")
+    records = tmp_path / "mine.jsonl"
+    _sweep(records)
+    assert main(["report", str(records), "--out", str(tmp_path / "site"), "--html"]) == 0
+    index = tmp_path / "site" / "index.html"
+    text = index.read_text()
+    assert not re.search(r"(src|href)=\"(https?:)?//", text)  # nothing fetched: figures are inlined
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    done = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", index.as_uri()], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    assert dom.count('src="data:image/png;base64,') == 2 and dom.count("<tr>") == 5
+    assert "bucket_mb 5 is the fastest" in dom
