@@ -347,7 +347,7 @@ def _group_from_mesh(process_group, device_mesh):
 def _check_output_device(output_device, device_ids):
     """PyTorch's rule: output_device only with device_ids (a single-device GPU module), default device_ids[0]."""
     if device_ids is None:
-        if output_device is not None:
+        if output_device:  # PyTorch tests truthiness: 0 passes (and means nothing on the CPU)
             raise DDPError(f"ddp_core: output_device={output_device!r} works only with device_ids "
                            "(a single-device GPU module); it must be None for a CPU module")
         return None
