@@ -28,6 +28,7 @@ def assign_buckets(
     order: Sequence[int],
     bucket_cap_mb: float,
     first_bucket_cap_mb: float | None = None,
+    cap_list_mb: Sequence[float] | None = None,
 ) -> list[list[int]]:
     """Group tensor indices into buckets, visiting them in `order`; returns buckets in launch order.
 
@@ -35,7 +36,8 @@ def assign_buckets(
     bucket of its own, so a cap of 0 means one tensor per bucket; so does a sparse one. The first bucket of each key uses
     `first_bucket_cap_mb` if smaller (PyTorch's small first bucket starts communication early).
     Buckets are returned ordered by the position of their first tensor in `order`, which is the
-    order in which backward is expected to fill them.
+    order in which backward is expected to fill them. `cap_list_mb` (PyTorch's bucket_cap_mb_list)
+    gives each bucket of a key its own cap, the last repeating; it replaces both other caps.
     """
     if bucket_cap_mb < 0:
         raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb!r}")
@@ -47,8 +49,9 @@ def assign_buckets(
     cap = int(bucket_cap_mb * MB)
     # The first bucket is never larger than the others, so a cap of 0 means one tensor per bucket.
     first_cap = cap if first_bucket_cap_mb is None else min(cap, int(first_bucket_cap_mb * MB))
+    caps = [int(c * MB) for c in cap_list_mb] if cap_list_mb else [first_cap, cap]
     open_buckets: dict[Hashable, tuple[list[int], int]] = {}  # key -> (indices, bytes)
-    keys_seen: set[Hashable] = set()
+    closed_per_key: dict[Hashable, int] = {}  # buckets closed so far, per key: picks the next cap
     closed: list[list[int]] = []
 
     for index in order:
@@ -57,17 +60,17 @@ def assign_buckets(
             closed.append([index])
             continue
         indices, size = open_buckets.get(spec.key, ([], 0))
-        limit = cap if spec.key in keys_seen else first_cap
+        limit = caps[min(closed_per_key.get(spec.key, 0), len(caps) - 1)]
         if indices and size + spec.nbytes > limit:
             closed.append(indices)
-            keys_seen.add(spec.key)
+            closed_per_key[spec.key] = closed_per_key.get(spec.key, 0) + 1
             indices, size = [], 0
-            limit = cap
+            limit = caps[min(closed_per_key[spec.key], len(caps) - 1)]
         indices.append(index)
         size += spec.nbytes
         if size >= limit:  # full (or a single tensor over the cap): close it now
             closed.append(indices)
-            keys_seen.add(spec.key)
+            closed_per_key[spec.key] = closed_per_key.get(spec.key, 0) + 1
             indices, size = [], 0
         open_buckets[spec.key] = (indices, size)
 

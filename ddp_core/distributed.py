@@ -10,12 +10,14 @@ rebuilds them on the default group, as PyTorch's DDP does.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.join import Join, JoinHook, Joinable
 
 from .hooks import check_hook
 from .reducer import Reducer
@@ -26,63 +28,108 @@ class DDPError(RuntimeError, ValueError):
     catching either works."""
 
 
-class DistributedDataParallel(nn.Module):
-    """Data-parallel wrapper with PyTorch DDP's arguments, plus the paper's knobs as keywords.
+class DistributedDataParallel(nn.Module, Joinable):
+    """Data-parallel wrapper with PyTorch DDP's signature, plus the paper's knobs as keywords.
 
-    `overlap=False` reduces the same buckets only after backward (the paper's no-overlap baseline);
-    `first_bucket_cap_mb` caps the first bucket; `rebuild_buckets` re-buckets once, after the first
-    iteration, in gradient arrival order; `process_group` may be a list of groups over the same ranks,
-    used round-robin by bucket. `static_graph=True` promises the same graph in every iteration, as in
-    PyTorch (see the reducer).
+    PyTorch's parameters come in PyTorch's order (a positional call binds as it would there). Those that
+    mean something with one device per process behave as PyTorch's; the others raise a DDPError that
+    names them (see `_refuse_unsupported`). `overlap=False` reduces the same buckets only after backward
+    (the paper's no-overlap baseline); `first_bucket_cap_mb` caps the first bucket; `rebuild_buckets`
+    re-buckets once, after the first iteration, in gradient arrival order; `process_group` may be a
+    list of groups over the same ranks, used round-robin by bucket. `static_graph=True` promises the
+    same graph in every iteration, as in PyTorch (see the reducer). Uneven inputs: `join()`.
     """
 
     def __init__(
         self,
         module: nn.Module,
         device_ids: Sequence[int | torch.device] | None = None,
+        output_device: int | torch.device | None = None,
+        dim: int = 0,
+        broadcast_buffers: bool | None = None,
+        init_sync: bool = True,
         process_group: dist.ProcessGroup | Sequence[dist.ProcessGroup] | None = None,
-        broadcast_buffers: bool = True,
-        bucket_cap_mb: float = 25,
+        bucket_cap_mb: float | None = None,
         find_unused_parameters: bool = False,
+        check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
+        delay_all_reduce_named_params=None,
+        param_to_hook_all_reduce=None,
+        mixed_precision=None,
+        device_mesh=None,
+        skip_all_reduce_unused_params: bool = False,
+        bucket_cap_mb_list: Sequence[float] | None = None,
+        batched_grad_copy: bool = False,
+        forward_sync_buffers: bool | None = None,
         *,
         overlap: bool = True,
         first_bucket_cap_mb: float = 1,
         rebuild_buckets: bool = True,
     ):
         super().__init__()
+        Joinable.__init__(self)
+        _refuse_unsupported(delay_all_reduce_named_params=delay_all_reduce_named_params,
+                            param_to_hook_all_reduce=param_to_hook_all_reduce, mixed_precision=mixed_precision,
+                            batched_grad_copy=batched_grad_copy)
+        if bucket_cap_mb is None:
+            bucket_cap_mb = 25  # PyTorch's default
         _check_cap("bucket_cap_mb", bucket_cap_mb)
         _check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
+        cap_list = _check_cap_list(bucket_cap_mb_list)
+        if check_reduction:
+            warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is deprecated "
+                          "(ddp_core, as PyTorch, always checks that reduction finished). Please avoid using it.",
+                          FutureWarning, stacklevel=2)
         named = _synchronised_parameters(module)
         if not named:
             raise DDPError(
                 f"ddp_core: module {type(module).__name__} has no parameters that require gradients; "
                 "there is nothing to synchronise"
             )
-        groups = _as_group_list(process_group)
+        groups = _as_group_list(_group_from_mesh(process_group, device_mesh))
         self.module = module
         self.device_ids = _check_device_ids(device_ids, named[0][1])
-        self.broadcast_buffers = broadcast_buffers
+        self.output_device = _check_output_device(output_device, self.device_ids)
+        self.dim = dim  # where inputs would be scattered; one device per process scatters nothing
+        self.device = named[0][1].device
+        self.device_mesh = device_mesh
+        forward_sync, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
+        self.forward_sync_buffers = forward_sync
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
+        self.skip_all_reduce_unused_params = skip_all_reduce_unused_params
         self.require_backward_grad_sync = True
+        self._divide_by_initial_world_size = True  # set by the join hook
+        self._join_work = None  # the join context's "not joined yet" all-reduce of this forward
         _check_backend_fits(groups[0], named[0][1].device)
         # What the reducer is built from, kept so that unpickling can rebuild it.
         self._reducer_options = dict(
             bucket_cap_mb=bucket_cap_mb, first_bucket_cap_mb=first_bucket_cap_mb, overlap=overlap,
             gradient_as_bucket_view=gradient_as_bucket_view, find_unused_parameters=find_unused_parameters,
-            rebuild_buckets=rebuild_buckets, static_graph=static_graph,
+            rebuild_buckets=rebuild_buckets, static_graph=static_graph, cap_list_mb=cap_list,
+            skip_unused=skip_all_reduce_unused_params,
         )
 
-        _check_same_parameters(named, groups[0])
-        # Replicas start equal: everything rank 0 has, every rank gets (ignored parameters excepted).
-        ignored = _ignored_names(module)
-        kept = [p.detach() for name, p in module.named_parameters() if name not in ignored]
-        _FlatBroadcast(kept, groups[0])()
+        if init_sync:
+            _check_same_parameters(named, groups[0])
+            # Replicas start equal: everything rank 0 has, every rank gets (ignored parameters excepted).
+            ignored = _ignored_names(module)
+            kept = [p.detach() for name, p in module.named_parameters() if name not in ignored]
+            _FlatBroadcast(kept, groups[0])()
         self._connect(groups)
-        self._buffer_broadcast()
+        if init_sync and init_sync_buffers:
+            self._buffer_broadcast()
+
+    @property
+    def broadcast_buffers(self) -> bool:
+        """Deprecated name of `forward_sync_buffers`, kept as PyTorch keeps it."""
+        return self.forward_sync_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value: bool) -> None:
+        self.forward_sync_buffers = value
 
     def _connect(self, groups: list[dist.ProcessGroup]) -> None:
         """Build what belongs to this process: the buffer broadcast and the reducer over `groups`."""
@@ -113,6 +160,9 @@ class DistributedDataParallel(nn.Module):
         state = self.__dict__.copy()
         for key in ("_groups", "process_group", "_buffer_broadcast", "reducer"):
             del state[key]
+        # A join context's work handles belong to this process's communication.
+        state["_join_work"] = None
+        state.pop("_join_flag_work", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -128,19 +178,88 @@ class DistributedDataParallel(nn.Module):
 
     def forward(self, *inputs, **kwargs):
         """Run the wrapped module; arm gradient synchronisation for the backward that follows."""
+        synchronise = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if synchronise:
+            self.reducer.forward_started()
+        # Inside `join()`: tell the ranks that ran out of inputs that this one has not (an all-reduce
+        # they shadow); None outside it.
+        self._join_work = Join.notify_join_context(self)
+        joining = self._join_config.enable
         self.reducer.maybe_rebuild_buckets()
-        if self.broadcast_buffers:
+        if self.forward_sync_buffers and self._buffer_broadcast.kinds:
             # BatchNorm statistics and the like: rank 0's are the truth (a sync point per forward).
-            self._buffer_broadcast()
+            # Under join, rank 0 may have stopped training: the highest rank still training is.
+            self._buffer_broadcast(self._common_rank(True) if joining else 0)
+        if joining:
+            # Tell the joined ranks whether this iteration's backward synchronises (they wait on it).
+            flag = torch.full((1,), float(self.require_backward_grad_sync), device=self.device)
+            self._join_flag_work = dist.all_reduce(flag, group=self.process_group, async_op=True)
         if self.device_ids:
             inputs, kwargs = _move_to(self.device_ids[0], (inputs, kwargs))
         output = self.module(*inputs, **kwargs)
-        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+        if synchronise:
             tensors = list(_tensors_in(output))
             search = self.find_unused_parameters and not self.static_graph  # a static graph is known
             unreached = _unreached_parameters(tensors, self.reducer.params) if search else []
-            self.reducer.prepare_for_backward(unreached, [t.grad_fn for t in tensors if t.grad_fn is not None])
+            count = self._join_work if joining and not self._divide_by_initial_world_size else None
+            self.reducer.prepare_for_backward(unreached, [t.grad_fn for t in tensors if t.grad_fn is not None],
+                                              active_ranks=count)
+            self.reducer.forward_ended()
         return output
+
+    # --- uneven inputs (PyTorch's Joinable protocol) ---
+
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """Context manager for uneven inputs: ranks that ran out of batches shadow the others'
+        collectives until every rank has; then all ranks take the model of a rank that ran longest.
+
+        `divide_by_initial_world_size=False` averages over the ranks still training instead;
+        `throw_on_early_termination=True` makes every rank raise once one runs out (as in PyTorch).
+        """
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs) -> JoinHook:
+        """The hook that `Join` runs on a rank out of inputs (kwargs: divide_by_initial_world_size)."""
+        return _JoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self) -> torch.device:
+        """Device of the join context's own all-reduces: the module's."""
+        return self.device
+
+    @property
+    def join_process_group(self) -> dist.ProcessGroup:
+        """Group of the join context's own all-reduces: the reducer's (first) group."""
+        return self.process_group
+
+    def _common_rank(self, candidate: bool) -> int:
+        """The highest group rank among those passing `candidate=True` (an all-reduce every rank joins)."""
+        rank = torch.tensor([dist.get_rank(self.process_group) if candidate else -1], device=self.device)
+        dist.all_reduce(rank, op=dist.ReduceOp.MAX, group=self.process_group)
+        if rank.item() < 0:
+            raise DDPError("ddp_core: join found no rank to take the model from (no candidate rank)")
+        return int(rank.item())
+
+    def _sync_final_model(self, is_last_joiner: bool) -> None:
+        """Every rank takes the parameters (and buffers, if they are synchronised) of a last joiner."""
+        src = self._common_rank(is_last_joiner)
+        ignored = _ignored_names(self.module)
+        kept = [p.detach() for name, p in self.module.named_parameters() if name not in ignored]
+        _FlatBroadcast(kept, self.process_group)(src)
+        if self.forward_sync_buffers:
+            self._buffer_broadcast(src)
+
+    # --- what the reducer tells ---
+
+    def get_ddp_logging_data(self) -> dict:
+        """PyTorch's `_get_ddp_logging_data` figures for ddp_core: construction settings and, for the
+        latest synchronised iteration and averaged over all, forward, backward compute, backward
+        communication and their overlap, in nanoseconds (keys as PyTorch names them)."""
+        return self.reducer.logging_data(self)
+
+    _get_ddp_logging_data = get_ddp_logging_data  # PyTorch's (private) name, for programs written for it
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -156,8 +275,99 @@ class DistributedDataParallel(nn.Module):
         """Reduce buckets with `hook(state, bucket) -> Future[Tensor]` instead of the plain all-reduce."""
         check_hook(hook)
         if self.reducer.comm_hook is not None:
-            raise RuntimeError("ddp_core: register_comm_hook may be called only once")
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once. "
+                               "(ddp_core: a hook is already registered)")
         self.reducer.comm_hook, self.reducer.comm_state = hook, state
+
+
+class _JoinHook(JoinHook):
+    """What a rank out of inputs does for ddp_core: per iteration of the others, the same collectives
+    (contributing zero gradients); at the end, take the model of a rank that ran longest."""
+
+    def __init__(self, ddp: DistributedDataParallel, divide_by_initial_world_size: bool):
+        self.ddp = ddp
+        ddp._divide_by_initial_world_size = divide_by_initial_world_size
+
+    def main_hook(self) -> None:
+        """Shadow one iteration of the ranks still training, in the order their forward and backward
+        issue collectives (the join context itself shadowed their "not joined" all-reduce)."""
+        ddp = self.ddp
+        ddp.reducer.maybe_rebuild_buckets()
+        if ddp.forward_sync_buffers and ddp._buffer_broadcast.kinds:
+            ddp._buffer_broadcast(ddp._common_rank(False))
+        flag = torch.zeros(1, device=ddp.device)
+        dist.all_reduce(flag, group=ddp.process_group)  # does their backward synchronise?
+        if flag.item() > 0:
+            ddp.reducer.shadow_backward()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        """All ranks have joined: make the replicas equal again."""
+        self.ddp._sync_final_model(is_last_joiner)
+
+
+# Parameters of PyTorch's DDP that ddp_core refuses, and why (a refusal names the parameter, never ignores it).
+_UNSUPPORTED = {
+    "delay_all_reduce_named_params": "delaying some parameters' all-reduce to another parameter's hook is not "
+                                     "implemented; wrap the module without them instead",
+    "param_to_hook_all_reduce": "it goes with delay_all_reduce_named_params, which is not implemented",
+    "mixed_precision": "DDP-native mixed precision (_MixedPrecision) is not implemented; use torch.autocast "
+                       "or a compression hook (ddp_core.fp16_compress_hook)",
+    "batched_grad_copy": "ddp_core copies each gradient into its bucket as it arrives; batching the copies "
+                         "per bucket is not implemented",
+}
+
+
+def _refuse_unsupported(**given) -> None:
+    """Raise DDPError naming the first parameter that ddp_core does not implement and was given."""
+    for name, value in given.items():
+        if value is not None and value is not False:
+            raise DDPError(f"ddp_core: {name}={value!r} is not supported: {_UNSUPPORTED[name]}")
+
+
+def _check_cap_list(caps) -> list[float] | None:
+    """PyTorch's bucket_cap_mb_list: one cap per bucket, the last repeating; empty or None means none."""
+    if not caps:
+        return None
+    for cap in caps:
+        _check_cap("bucket_cap_mb_list", cap)
+    return list(caps)
+
+
+def _group_from_mesh(process_group, device_mesh):
+    """The process group of a 1-D device mesh, refused as PyTorch refuses it with a group or more dims."""
+    if device_mesh is None:
+        return process_group
+    if process_group is not None:
+        raise DDPError("ddp_core: Cannot specify both process_group and device_mesh arguments.")
+    if device_mesh.ndim != 1:
+        raise DDPError(f"ddp_core: device_mesh: only a 1-D device mesh is supported, but got {device_mesh}")
+    return device_mesh.get_group(mesh_dim=0)
+
+
+def _check_output_device(output_device, device_ids):
+    """PyTorch's rule: output_device only with device_ids (a single-device GPU module), default device_ids[0]."""
+    if device_ids is None:
+        if output_device:  # PyTorch tests truthiness: 0 passes (and means nothing on the CPU)
+            raise DDPError(f"ddp_core: output_device={output_device!r} works only with device_ids "
+                           "(a single-device GPU module); it must be None for a CPU module")
+        return None
+    if output_device is None:
+        return device_ids[0].index
+    return torch.device(output_device).index if not isinstance(output_device, int) else output_device
+
+
+def _buffer_sync(broadcast_buffers, forward_sync_buffers) -> tuple[bool, bool]:
+    """(sync buffers before each forward, sync them at construction), resolved as PyTorch 2.14 does."""
+    if broadcast_buffers is not None:
+        warnings.warn(
+            "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead"
+            + (" (its value is ignored when `forward_sync_buffers` is given)." if forward_sync_buffers is not None
+               else ". Unlike `broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at init."),
+            FutureWarning, stacklevel=3)
+    if forward_sync_buffers is not None:
+        return bool(forward_sync_buffers), True
+    effective = True if broadcast_buffers is None else bool(broadcast_buffers)
+    return effective, effective
 
 
 def _ignored_names(module: nn.Module) -> set[str]:
@@ -258,12 +468,15 @@ class _FlatBroadcast:
             self.kinds.append(([t.data for t in same_kind], flat, views))
 
     @torch.no_grad()
-    def __call__(self) -> None:
+    def __call__(self, src: int = 0) -> None:
+        """Copy group rank `src`'s values (rank 0's unless a join picked another) into every rank's."""
+        is_src, global_src = (self.is_src, self.src) if src == 0 else (
+            dist.get_rank(self.group) == src, dist.get_global_rank(self.group, src))
         for tensors, flat, views in self.kinds:
-            if self.is_src:  # rank 0 sends its values and keeps them
+            if is_src:  # the source sends its values and keeps them
                 torch._foreach_copy_(views, tensors)
-            dist.broadcast(flat, src=self.src, group=self.group)
-            if not self.is_src:
+            dist.broadcast(flat, src=global_src, group=self.group)
+            if not is_src:
                 torch._foreach_copy_(tensors, views)
 
 

@@ -21,7 +21,8 @@ def check_hook(hook: object) -> None:
     """Refuse a hook as PyTorch's DDP does: TypeError if not callable, ValueError if its annotations
     say that the bucket is not a GradBucket or that it returns no Future."""
     if not callable(hook):
-        raise TypeError(f"ddp_core: a communication hook must be callable, got {hook!r}")
+        # The messages start as PyTorch's, so that code matching PyTorch's errors matches ddp_core's.
+        raise TypeError(f"Communication hook must be callable. (ddp_core: got {hook!r})")
     try:
         signature = inspect.signature(hook)
     except (TypeError, ValueError):
@@ -30,11 +31,11 @@ def check_hook(hook: object) -> None:
     bucket = signature.parameters.get("bucket") or (positional[1] if len(positional) > 1 else None)
     name = getattr(hook, "__qualname__", repr(hook))
     if bucket is not None and not _annotation_names(bucket.annotation, "GradBucket"):
-        raise ValueError(f"ddp_core: communication hook {name}: the bucket is annotated {bucket.annotation!r}; "
-                         "it should be a GradBucket (PyTorch's or ddp_core's)")
+        raise ValueError(f"Communication hook: bucket annotation should be dist.GradBucket. (ddp_core: hook "
+                         f"{name} annotates it {bucket.annotation!r}; PyTorch's or ddp_core's GradBucket)")
     if not _annotation_names(signature.return_annotation, "Future"):
-        raise ValueError(f"ddp_core: communication hook {name}: the return is annotated "
-                         f"{signature.return_annotation!r}; it should be torch.futures.Future[torch.Tensor]")
+        raise ValueError("Communication hook: return annotation should be torch.futures.Future[torch.Tensor]. "
+                         f"(ddp_core: hook {name} annotates {signature.return_annotation!r})")
 
 
 def _annotation_names(annotation: object, class_name: str) -> bool:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from .bucketing import TensorSpec, assign_buckets
 from .grad_bucket import GradBucket
+from .timing import IterationTimes
 
 
 class ReducerObserver(Protocol):
@@ -61,12 +62,16 @@ class Reducer:
         rebuild_buckets: bool,
         static_graph: bool = False,
         sparse: list[bool] | None = None,
+        cap_list_mb: list[float] | None = None,
+        skip_unused: bool = False,
     ):
         self.params = params
         self.names = names
         self.groups = groups
         self.bucket_cap_mb = bucket_cap_mb
         self.first_bucket_cap_mb = first_bucket_cap_mb
+        self.cap_list_mb = cap_list_mb  # PyTorch's bucket_cap_mb_list: one cap per bucket, the last repeating
+        self.skip_unused = skip_unused  # PyTorch's skip_all_reduce_unused_params
         self.overlap = overlap
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.find_unused_parameters = find_unused_parameters
@@ -76,7 +81,12 @@ class Reducer:
         # 1 / world size as a ready-made 0-dim tensor: given a Python float, torch.mul wraps it in a new
         # tensor on every call, which costs as much as multiplying a small gradient (~2 us, once per
         # parameter per backward). Float64 keeps the result bit-equal to multiplying by the float.
-        self._scale = torch.tensor(1.0 / self.world_size, dtype=torch.float64)
+        self._scale = self._default_scale = torch.tensor(1.0 / self.world_size, dtype=torch.float64)
+        self._divisor = self.world_size  # what gradients are divided by in this backward (join may lower it)
+        self._active_ranks_work = None  # join: the all-reduce that counts the ranks still training
+        self._output_hooks: list = []  # handles of the pre-hooks on the latest forward's output nodes
+        self.times = IterationTimes()  # what `logging_data` reports
+        self.buckets_reduced = 0  # in the latest synchronised backward (skip_unused leaves some out)
         self.comm_hook: Callable | None = None
         self.comm_state: object = None
         # Optional timing observer (the benchmark harness sets one); see `ReducerObserver`.
@@ -114,7 +124,8 @@ class Reducer:
         """(Re)assign parameters to buckets, visiting them in `order`, and allocate flat buffers."""
         specs = [TensorSpec(p.numel() * p.element_size(), (p.dtype, p.device), sparse)
                  for p, sparse in zip(self.params, self.sparse)]
-        assignment = assign_buckets(specs, order, self.bucket_cap_mb, self.first_bucket_cap_mb)
+        assignment = assign_buckets(specs, order, self.bucket_cap_mb, self.first_bucket_cap_mb,
+                                    cap_list_mb=self.cap_list_mb)
         self.buckets = [
             GradBucket(b, [self.params[i] for i in indices], indices, is_last=b == len(assignment) - 1,
                        sparse=self.sparse[indices[0]])
@@ -150,12 +161,22 @@ class Reducer:
 
     # --- one iteration ---
 
-    def prepare_for_backward(self, unreached: list[int], output_nodes: list) -> None:
+    def forward_started(self) -> None:
+        """A synchronised forward begins (timing only)."""
+        self.times.mark("forward_start")
+
+    def forward_ended(self) -> None:
+        """The forward's module call returned; what follows until backward ends is backward compute
+        (PyTorch counts the loss there too)."""
+        self.times.mark("backward_compute_start")
+
+    def prepare_for_backward(self, unreached: list[int], output_nodes: list, active_ranks=None) -> None:
         """Arm the reducer for the backward of the forward just run; `unreached` get no gradient.
 
         `output_nodes` are the autograd nodes of the forward's outputs: the backward that reaches them
         is the one whose end finishes synchronisation. A forward whose output got no backward is
-        simply forgotten, as in PyTorch's DDP.
+        simply forgotten, as in PyTorch's DDP. `active_ranks`: under join with
+        divide_by_initial_world_size=False, the work whose result counts the ranks still training.
         """
         if self._armed and self._started:
             # A backward raised after some gradients were bucketed (and maybe sent): the buckets are
@@ -175,14 +196,20 @@ class Reducer:
             self._calls_left = list(self._calls)
         self._unreached = unreached
         self._next_bucket = 0
+        self._active_ranks_work = active_ranks
+        self._scale, self._divisor = self._default_scale, self.world_size
+        self.buckets_reduced = 0
         # Without a comm hook, gradients are divided by the world size on their way into the bucket (see
         # `_mark_ready`); decided once per backward rather than once per parameter.
         self._divide = self.comm_hook is None and self.world_size > 1
         for bucket in self.buckets:
             bucket.start_iteration()
         # A node pre-hook costs one Python call per backward; it lives and dies with this forward's graph.
-        for node in output_nodes:
-            node.register_prehook(self._output_reached)
+        # The previous forward's pre-hooks go: a module that returns the same (cached) tensor every
+        # forward would otherwise pile one more hook per iteration onto the same node.
+        for handle in self._output_hooks:
+            handle.remove()
+        self._output_hooks = [node.register_prehook(self._output_reached) for node in output_nodes]
 
     def _output_reached(self, grad_outputs):
         # Backward reached the forward's output, so this is the outermost backward of the iteration
@@ -234,6 +261,12 @@ class Reducer:
 
     def _start_backward(self) -> None:
         self._started = True
+        if self._active_ranks_work is not None:
+            # join(divide_by_initial_world_size=False): average over the ranks still training (a wait on
+            # the all-reduce that forward started; it has long finished by now).
+            self._active_ranks_work.wait()
+            self._divisor = max(1, int(self._active_ranks_work.result()[0].item()))
+            self._scale = torch.tensor(1.0 / self._divisor, dtype=torch.float64)
         self._create_graph = torch.is_grad_enabled()  # backward turns grad mode on only for create_graph
         if not self._end_queued:  # no output node was reached first (a parameter used outside forward)
             self._queue_end()
@@ -293,13 +326,9 @@ class Reducer:
         param = self.params[index]
         grad = param.grad
         if grad is None:  # unused here: contribute an empty gradient of the same layout
-            grad = torch.sparse_coo_tensor(
-                torch.empty(1, 0, dtype=torch.int64, device=param.device),
-                torch.empty((0, *param.shape[1:]), dtype=param.dtype, device=param.device),
-                param.shape,
-            )
+            grad = _empty_sparse_like(param)
         elif self._divide:
-            grad = grad / self.world_size
+            grad = grad / self._divisor
         bucket.set_buffer(grad)
         if self.observer is not None:
             self.observer.parameter_ready(index)
@@ -311,29 +340,91 @@ class Reducer:
         # Bucket i is launched only after bucket i-1, even if it completed first: same order everywhere.
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             bucket = self.buckets[self._next_bucket]
-            if self.comm_hook is None:
-                # Round-robin: consecutive buckets go to different groups, i.e. concurrent channels.
-                group = self.groups[bucket.index() % len(self.groups)]
-                # Already divided: sum, in place in the bucket. The work's own future is kept (it
-                # completes with [bucket.flat]): a `.then()` to unwrap it would run a Python callback,
-                # which needs the GIL, on Gloo's thread in the middle of backward.
-                bucket.future = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()
+            if self._next_bucket == 0:
+                self.times.mark("backward_comm_start")
+            if self.skip_unused and all(i in self._unreached for i in bucket.param_indices):
+                # skip_all_reduce_unused_params: no rank used these (the user's promise), so no rank sends.
+                bucket.future = _done_future(bucket.buffer())
             else:
-                bucket.future = self.comm_hook(self.comm_state, bucket)
-                # (torch._C.Future: collectives' futures are not the Python subclass torch.futures.Future)
-                if not isinstance(bucket.future, torch._C.Future):
-                    # Surfaces at the end of backward, like a hook's own failure, once the other
-                    # buckets are done.
-                    bucket.future = _failed_future(RuntimeError(
-                        f"ddp_core: the communication hook {getattr(self.comm_hook, '__qualname__', self.comm_hook)!r} "
-                        f"must return a torch.futures.Future, but returned {type(bucket.future).__qualname__}"
-                    ))
+                bucket.future = self._send(bucket)
+                self.buckets_reduced += 1
             if self.observer is not None:
                 self.observer.bucket_launched(bucket.index(), bucket.future)
             self._next_bucket += 1
 
+    def logging_data(self, ddp) -> dict:
+        """PyTorch's `_get_ddp_logging_data` keys that ddp_core can fill: settings, bucket layout, and
+        the timing figures of `self.times` (absent until a synchronised iteration has finished)."""
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in self.params})
+        return {
+            "world_size": self.world_size,
+            "rank": dist.get_rank(self.groups[0]),
+            "module_name": type(ddp.module).__name__,
+            "backend_name": dist.get_backend(self.groups[0]),
+            "device_ids": ", ".join(str(d.index) for d in ddp.device_ids or []),
+            "output_device": -1 if ddp.output_device is None else ddp.output_device,
+            "broadcast_buffers": int(ddp.forward_sync_buffers),
+            "bucket_cap_bytes": int(self.bucket_cap_mb * 1024 * 1024),
+            "find_unused_parameters": int(self.find_unused_parameters),
+            "gradient_as_bucket_view": int(self.gradient_as_bucket_view),
+            "static_graph": int(self.static_graph),
+            "dtypes": ", ".join("float" if d == "float32" else d for d in dtypes),
+            "num_parameter_tensors": len(self.params),
+            "total_parameter_size_bytes": sum(p.numel() * p.element_size() for p in self.params),
+            "bucket_sizes": ", ".join(str(0 if b.sparse else b.flat.numel() * b.flat.element_size())
+                                      for b in self.buckets),
+            "has_rebuilt_buckets": int(not self._rebuild_pending and bool(self._arrival_order)),
+            "num_buckets_reduced": self.buckets_reduced,
+            "iteration": self.times.iterations,
+            **self.times.figures(),
+        }
+
+    def _send(self, bucket: GradBucket) -> torch.futures.Future:
+        """Start reducing `bucket` (the plain all-reduce, or the comm hook); the future of its result."""
+        if self.comm_hook is None:
+            # Round-robin: consecutive buckets go to different groups, i.e. concurrent channels.
+            group = self.groups[bucket.index() % len(self.groups)]
+            # Already divided: sum, in place in the bucket. The work's own future is kept (it
+            # completes with [bucket.flat]): a `.then()` to unwrap it would run a Python callback,
+            # which needs the GIL, on Gloo's thread in the middle of backward.
+            return dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()
+        future = self.comm_hook(self.comm_state, bucket)
+        # (torch._C.Future: collectives' futures are not the Python subclass torch.futures.Future)
+        if not isinstance(future, torch._C.Future):
+            # Surfaces at the end of backward, like a hook's own failure, once the other buckets are
+            # done; the message starts as PyTorch's.
+            future = _failed_future(RuntimeError(
+                f"callback must return a torch.futures.Future object, but got {type(future).__qualname__} "
+                f"(ddp_core: from the communication hook {getattr(self.comm_hook, '__qualname__', self.comm_hook)!r})"
+            ))
+        return future
+
+    def shadow_backward(self) -> None:
+        """On a rank that ran out of inputs (join): the collectives of one synchronised backward, in the
+        same order, contributing zeros; its own gradients are left alone."""
+        futures = []
+        for bucket in self.buckets:
+            zeros = GradBucket(bucket.index(), bucket.parameters(), bucket.param_indices, bucket.is_last(),
+                               sparse=bucket.sparse)
+            if bucket.sparse:
+                zeros.set_buffer(_empty_sparse_like(bucket.parameters()[0]))
+            futures.append(self._send(zeros))
+        if self._learning_graph or (self.find_unused_parameters and not self.static_graph):
+            flags = torch.zeros(len(self.params), dtype=torch.int32, device=self.params[0].device)
+            dist.all_reduce(flags, group=self.groups[0])
+            if self._learning_graph:  # this rank never ran a backward: learn what the others used
+                self._learning_graph = False
+                self._never_used = list(range(len(self.params)))
+                self._static_used = flags.tolist()
+        for future in futures:
+            future.wait()
+        if self._rebuild_pending and len(self._arrival_order) != len(self.params):
+            # Like the others, rebuild the buckets before the next iteration (rank 0's order wins).
+            self._arrival_order = [i for bucket in self.buckets for i in bucket.param_indices]
+
     def _finish_backward(self) -> None:
         self._armed = False
+        self.times.mark("backward_compute_end")
         if self.observer is not None:
             self.observer.backward_computed()
         learned_now = self._learning_graph
@@ -391,6 +482,8 @@ class Reducer:
             # With find_unused_parameters the blocking flags all-reduce above has mostly waited already.
             self._write_back(bucket, used)
         self._locally_used = [False] * len(self.params)
+        self.times.mark("backward_comm_end")
+        self.times.iteration_done()
         if self.observer is not None:
             self.observer.gradients_synchronised()
 
@@ -418,6 +511,21 @@ class Reducer:
             # itself for small parameters (ResNet50 has 161, half of them BatchNorm vectors).
             if grads:
                 torch._foreach_copy_(grads, views)
+
+
+def _empty_sparse_like(param: torch.Tensor) -> torch.Tensor:
+    """A sparse gradient with no entries, shaped like `param`'s (what a rank that did not use it sends)."""
+    return torch.sparse_coo_tensor(
+        torch.empty(1, 0, dtype=torch.int64, device=param.device),
+        torch.empty((0, *param.shape[1:]), dtype=param.dtype, device=param.device),
+        param.shape,
+    )
+
+
+def _done_future(value) -> torch.futures.Future:
+    future = torch.futures.Future()
+    future.set_result(value)
+    return future
 
 
 def _failed_future(error: Exception) -> torch.futures.Future:

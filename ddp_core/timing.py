@@ -1,0 +1,54 @@
+"""What the reducer tells: per-iteration forward, backward compute, backward communication and overlap.
+
+The same figures, under the same names, as PyTorch's DDP logs (`_get_ddp_logging_data`), measured at
+the same points: forward from the start of DDP's forward to the start of backward compute (which
+begins when the wrapped module returns, so the loss counts as backward, as in PyTorch); backward
+compute until the last gradient is in its bucket; communication from the first bucket's launch to the
+end of synchronisation; overlap from the first launch to the end of backward compute. Times are
+wall-clock nanoseconds (time.time_ns), read on the CPU: on a GPU they time the launches, not kernels.
+"""
+from __future__ import annotations
+
+import time
+
+_SPANS = {  # figure -> (start mark, end mark)
+    "forward_compute_time": ("forward_start", "backward_compute_start"),
+    "backward_compute_time": ("backward_compute_start", "backward_compute_end"),
+    "backward_comm_time": ("backward_comm_start", "backward_comm_end"),
+    "backward_compute_comm_overlap_time": ("backward_comm_start", "backward_compute_end"),
+}
+
+
+class IterationTimes:
+    """Clock marks of the running synchronised iteration, and figures of the finished ones."""
+
+    def __init__(self):
+        self._marks: dict[str, int] = {}
+        self.latest: dict[str, int] = {}  # figures and marks of the latest finished iteration
+        self._sums = dict.fromkeys(_SPANS, 0)
+        self.iterations = 0  # finished synchronised iterations
+
+    def mark(self, event: str) -> None:
+        """Note the time of `event` in this iteration (a second mark of the same event overwrites)."""
+        self._marks[event] = time.time_ns()
+
+    def iteration_done(self) -> None:
+        """Synchronisation finished: turn this iteration's marks into figures, add them to the averages."""
+        marks, self._marks = self._marks, {}
+        if "forward_start" not in marks or "backward_comm_start" not in marks:
+            return  # a backward that ddp_core's forward did not time (or nothing was sent): not counted
+        figures = {name: max(0, marks[end] - marks[start]) for name, (start, end) in _SPANS.items()}
+        self.latest = {**figures, **{f"{name}_start": marks[start] for name, (start, _) in _SPANS.items()
+                                     if name != "backward_compute_comm_overlap_time"},
+                       "backward_compute_time_end": marks["backward_compute_end"],
+                       "backward_comm_time_end": marks["backward_comm_end"]}
+        self.iterations += 1
+        for name, value in figures.items():
+            self._sums[name] += value
+
+    def figures(self) -> dict[str, int]:
+        """The latest iteration's figures and marks, and `avg_<figure>` over all finished iterations."""
+        if not self.iterations:
+            return {}
+        averages = {f"avg_{name}": total // self.iterations for name, total in self._sums.items()}
+        return {**self.latest, **averages}
