@@ -1,5 +1,6 @@
 """The history page (`ddpbench history --html`) renders in a real browser: headless Chromium loads it,
-its script runs without errors and draws a chart for every config."""
+its script runs without errors and draws a chart for every config, whatever markup commit subjects hold."""
+import json
 import re
 import shutil
 import subprocess
@@ -22,7 +23,10 @@ def _rows() -> tuple[list[dict], list[str]]:
     for i, commit in enumerate(commits[:2]):
         for config, ms in (("resnet-tiny ddp_core gloo ws2 b25 n1 pg1 none", 50.0),
                            ("bert-tiny ddp_core gloo ws2 b25 n1 pg1 none", 12.0)):
-            row = {"commit": commit[:10], "subject": f"commit {i} </script> & <b>", "status": "ok", "config": config,
+            # a subject that ends the script element ("</script>") or opens an HTML comment that would swallow
+            # the page's own script ("<!--<script>") must stay data
+            row = {"commit": commit[:10], "subject": f"commit {i} </script> & <b> <!--<script>", "status": "ok",
+                   "config": config,
                    "n": 240, "rounds": 8, "p50_ms": ms * (1.2 if i else 1), "p25_ms": ms * 0.95, "p75_ms": ms * 1.3}
             if i:
                 row.update(ratio=1.2, ci_low=1.1, ci_high=1.3, method="paired x8", verdict="slower")
@@ -41,6 +45,8 @@ def test_history_page_renders_in_chromium_without_script_errors(tmp_path):
     (records / f"{commits[0]}.jsonl").write_text("{}\n")
     index = page.write(rows, commits, records, tmp_path / "site", "history <test>")
     text = index.read_text()
+    data = text.split('<script type="application/json" id="history-data">', 1)[1].split("</script>", 1)[0]
+    assert not set("<>&") & set(data), "markup characters in the inline JSON"
     assert "href=\"records/" + commits[0] + ".jsonl\"" in text and (tmp_path / "site" / "records").is_dir()
     assert not re.search(r"(src|href)=\"(https?:)?//", text)  # self-contained: nothing fetched
     profile = tmp_path / "profile"
@@ -55,5 +61,11 @@ def test_history_page_renders_in_chromium_without_script_errors(tmp_path):
     for config in {r["config"] for r in rows if "config" in r}:
         # each config has its section with a heading and a chart, drawn by the script
         assert f'<section class="config" data-config="{config}"><h2>{config}</h2><svg' in dom
-    assert "commit 0 &lt;/script&gt; &amp; &lt;b&gt;" in dom  # the subject shown as text, not markup
+    assert "commit 0 &lt;/script&gt; &amp; &lt;b&gt; &lt;!--&lt;script&gt;" in dom  # the subject as text, not markup
     assert dom.count("<svg") == 2 and dom.count("<circle") == 4
+
+
+def test_inline_json_reads_back_the_same():
+    data = {"subject": "a </script> <!--<script> & -->", "n": [1, 2]}
+    text = page.inline_json(data)
+    assert not set("<>&") & set(text) and json.loads(text) == data

@@ -1,7 +1,10 @@
 """Git, as the suite calls it: every revision a user gives goes after `--end-of-options`."""
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 from experiments.core.config import ConfigError
@@ -53,3 +56,61 @@ def commits_in_range(revision_range: str, repo: Path, flag: str = "revision rang
     if done.returncode != 0:
         raise ConfigError(f"{flag} {revision_range!r} is not valid ({done.stderr.strip()})")
     return done.stdout.split()
+
+
+# ddpbench's own worktrees: under a temporary folder named ddpbench-..., locked with their owner's
+# process id and start time, so that a later run can tell one a killed run left from a running one's.
+WORKTREE_PREFIX = "ddpbench-"
+_OWNER = re.compile(r"^ddpbench pid (\d+) started (\d+)$")
+
+
+def add_worktree(repo: Path, path: Path, commit: str) -> None:
+    """Check out `commit` in a detached worktree at `path` (under a `ddpbench-` temporary folder), locked
+    with this process as its owner (see prune_worktrees); ConfigError if git refuses."""
+    git("worktree", "add", "--detach", str(path), commit, cwd=repo)
+    # The lock names its owner; it also keeps a user's `git worktree prune` off a running A/B's trees.
+    git("worktree", "lock", "--reason", f"ddpbench pid {os.getpid()} started {_start_time(os.getpid())}", str(path),
+        cwd=repo)
+
+
+def remove_worktree(repo: Path, path: Path) -> None:
+    """Remove the worktree at `path`, locked or not, its folder there or gone (quietly: clean-up)."""
+    subprocess.run(["git", "worktree", "remove", "--force", "--force", str(path)], cwd=repo, capture_output=True)
+
+
+def prune_worktrees(repo: Path) -> list[str]:
+    """Remove ddpbench's stale worktrees from `repo`'s list, and return their paths: those under a
+    `ddpbench-` folder of the temporary directory whose owner process is gone, or (left by a run that
+    did not lock them) whose folder is gone. Nobody else's worktree is touched, gone or not."""
+    try:
+        listing = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=repo, capture_output=True,
+                                 text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    removed = []
+    for entry in listing.stdout.split("\n\n") if listing.returncode == 0 else []:
+        fields = dict((line.split(" ", 1) + [""])[:2] for line in entry.splitlines())
+        if "worktree" in fields and _stale(Path(fields["worktree"]), fields.get("locked")):
+            remove_worktree(repo, Path(fields["worktree"]))
+            removed.append(fields["worktree"])
+    return removed
+
+
+def _stale(path: Path, lock: str | None) -> bool:
+    temp = Path(tempfile.gettempdir()).resolve()
+    if not (path.is_relative_to(temp) and path != temp
+            and path.relative_to(temp).parts[0].startswith(WORKTREE_PREFIX)):
+        return False  # not ddpbench's
+    owner = _OWNER.match(lock or "")
+    if owner:
+        return _start_time(int(owner.group(1))) != owner.group(2)  # its process is gone (or the pid reused)
+    return lock is None and not path.exists()  # unlocked: only once its folder is gone
+
+
+def _start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat), None if there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name in parentheses may hold spaces

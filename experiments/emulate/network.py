@@ -18,14 +18,20 @@ is ever addressed. Each direction of each host's link has its own token bucket (
 sends and receives at the rate at once, as over a full-duplex NIC. Namespace names carry the creating
 process's id and a random part: two runs never collide, and `cleanup()` can tell a dead run's
 namespaces (its process is gone) from a live one's.
+
+Removal cannot be cut short: SIGINT and SIGTERM wait while a cluster is removed (three Ctrl-C in a
+row once left namespaces behind), and a cluster still open when the interpreter exits is removed then.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -33,8 +39,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments.core.config import parse_rate
+from experiments.core.git import prune_worktrees
 
 PREFIX = "ddpbench-"
+CHECKOUT = Path(__file__).resolve().parents[2]  # whose worktrees `--cleanup` prunes (ab's default --repo)
 NETNS_DIR = Path("/run/netns")
 SUBNET = "198.18.0"
 SWITCH_ADDRESS = f"{SUBNET}.254"
@@ -44,6 +52,8 @@ QUEUE_LATENCY = "20ms"  # how long a packet may wait in a shaper's queue before 
 MAX_HOSTS = 250
 _CLONE_NEWNET = 0x40000000
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_OPEN: set["EmulatedCluster"] = set()  # clusters of this process not yet removed (see _close_open_clusters)
 
 
 def dilated(link: str, factor: float) -> str:
@@ -97,6 +107,7 @@ class EmulatedCluster:
         self.name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
         self.switch = f"{self.name}-sw"
         self.created: list[str] = []
+        self._open = False
 
     def host_netns(self, host: int) -> str:
         """The namespace of host `host`."""
@@ -109,6 +120,8 @@ class EmulatedCluster:
 
     def create(self) -> "EmulatedCluster":
         """Make the namespaces, the switch and the shaped links; on any failure remove what was made."""
+        self._open = True
+        _OPEN.add(self)
         try:
             self._add_netns(self.switch)
             _ip(self.switch, "link", "add", "br0", "type", "bridge")
@@ -155,20 +168,77 @@ class EmulatedCluster:
             raise result["error"]
         return result["value"]
 
-    def close(self) -> None:
-        """Remove every namespace this cluster made (their interfaces and qdiscs go with them)."""
-        while self.created:
-            _remove_netns(self.created.pop())
+    def close(self, replay_signals: bool = True) -> None:
+        """Remove every namespace this cluster made (their interfaces and qdiscs go with them).
+
+        Ctrl-C and SIGTERM wait until it is done (see `signals_held`); safe to call again.
+        """
+        if not self._open:
+            return
+        with signals_held(replay=replay_signals):
+            # The names recorded, and any other of this cluster's (an `ip netns add` cut short after it made
+            # one); a second pass for a removal that did not take.
+            for _ in range(2):
+                for netns in dict.fromkeys([*reversed(self.created), *list_netns(f"{self.name}-")]):
+                    _remove_netns(netns)
+                if not list_netns(f"{self.name}-"):
+                    break
+            self.created.clear()
+            self._open = False
+            _OPEN.discard(self)
 
     def _add_netns(self, netns: str) -> None:
+        self.created.append(netns)  # first: an interruption during `ip netns add` must not hide the name
         _run(["ip", "netns", "add", netns])
-        self.created.append(netns)
 
     def __enter__(self) -> "EmulatedCluster":
         return self.create()
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def signals_held(replay: bool = True):
+    """Hold SIGINT and SIGTERM off while the block runs (a clean-up that must finish), then deliver them.
+
+    Each signal that arrived meanwhile is raised again once afterwards (with `replay`), so Ctrl-C still
+    interrupts, only after the clean-up. The signals are also blocked in this thread, so that the
+    commands it starts (`ip`) inherit the block and outlive a Ctrl-C sent to the whole process group.
+    Outside the main thread (where Python cannot set handlers) it holds nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
+    late: BaseException | None = None  # an interruption already on its way when the hold began
+    for signum in _HELD_SIGNALS:
+        while signum not in previous:
+            try:
+                previous[signum] = signal.signal(signum, lambda number, frame: caught.append(number))
+            except KeyboardInterrupt as error:  # raised by the old handler before the new one took over
+                late = error
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # signals pending on this thread reach the handler above
+        for signum, handler in previous.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(signum, handler)
+        if replay:
+            for signum in dict.fromkeys(caught):
+                signal.raise_signal(signum)
+            if late is not None:
+                raise late
+
+
+@atexit.register
+def _close_open_clusters() -> None:
+    """At exit, remove the clusters still open (an interruption between making one and taking charge of it)."""
+    for cluster in list(_OPEN):
+        cluster.close(replay_signals=False)
 
 
 def enter_netns(netns: str) -> None:
@@ -275,7 +345,8 @@ def add_arguments(parser) -> None:
     what.add_argument("--check", action="store_true",
                       help="say whether this machine can emulate a cluster (--link); exit 0 only if it can")
     what.add_argument("--cleanup", action="store_true",
-                      help="remove the namespaces that killed ddpbench runs left behind")
+                      help="remove the namespaces (and the git worktrees of ab, history, drill in this checkout) that "
+                           "killed ddpbench runs left behind")
 
 
 def main(args) -> int:
@@ -294,5 +365,9 @@ def main(args) -> int:
         print(f"removed {netns}")
     for netns in kept:
         print(f"kept {netns} (its ddpbench run is still running)")
-    print(f"ddpbench network: {len(removed)} namespace(s) removed, {len(kept)} of running runs kept")
+    trees = prune_worktrees(CHECKOUT)
+    for tree in trees:
+        print(f"removed the worktree {tree}")
+    print(f"ddpbench network: {len(removed)} namespace(s) removed, {len(kept)} of running runs kept; "
+          f"{len(trees)} stale worktree(s) removed")
     return 0

@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import socket
 import time
 import traceback
 from typing import Any, Callable
@@ -54,13 +55,15 @@ class RankPool:
         self.cluster = None
         placements: list[network.Placement | None] = [None] * world_size
         if link != "none":
-            self.cluster = network.EmulatedCluster(network.hosts_needed(world_size, ranks_per_host), link).create()
+            # Held before it is made: an interruption while making it still finds it to remove.
+            self.cluster = network.EmulatedCluster(network.hosts_needed(world_size, ranks_per_host), link)
             host = network.SWITCH_ADDRESS
             placements = [self.cluster.placement(rank, ranks_per_host) for rank in range(world_size)]
         try:
+            if self.cluster is not None:
+                self.cluster.create()
             # The parent owns the rendezvous store, so no port can be taken between choosing and binding it.
-            self._store = self._in_network(
-                lambda: dist.TCPStore(host, 0, world_size=None, is_master=True, wait_for_workers=False))
+            self._store = self._in_network(lambda: listening_store(host))
         except BaseException:
             self._close_network()
             raise
@@ -136,19 +139,21 @@ class RankPool:
             return
         self.closed = True
         try:
-            if graceful:
+            if graceful:  # a Ctrl-C while waiting here goes on to the forced stop below
                 for q in self._tasks:
                     q.put(None)
                 for p in self._procs:
                     p.join(timeout=10)
-            for p in self._procs:
-                if p.is_alive():
-                    p.kill()
-            for p in self._procs:
-                if p.pid is not None:  # started
-                    p.join()
         finally:
-            self._close_network()
+            # Quick and not to be cut short by more Ctrl-C: no rank and no namespace may be left behind.
+            with network.signals_held():
+                for p in self._procs:
+                    if p.is_alive():
+                        p.kill()
+                for p in self._procs:
+                    if p.pid is not None:  # started
+                        p.join()
+                self._close_network()
 
     def __enter__(self) -> "RankPool":
         return self
@@ -169,6 +174,26 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: tuple = (), backend
         return pool.run(fn, args, timeout=timeout)
 
 
+def listening_store(host: str) -> dist.TCPStore:
+    """A master TCPStore that listens on `host` alone, on a free port (its `.port`).
+
+    Left to itself, TCPStore listens on every interface whatever host it is given, and anyone who can
+    reach the machine could read and write the ranks' keys: the socket is bound here and handed over.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.bind(address[:2] if family == socket.AF_INET else address)
+        listener.listen(socket.SOMAXCONN)
+        store = dist.TCPStore(host, listener.getsockname()[1], world_size=None, is_master=True,
+                              wait_for_workers=False, master_listen_fd=listener.fileno())
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store owns the socket now and closes it when it goes
+    return store
+
+
 def _die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies (PR_SET_PDEATHSIG), so none is orphaned."""
     try:
@@ -187,6 +212,10 @@ def _worker_main(rank, world_size, backend, host, port, timeout, threads, tasks,
     try:
         if placement is not None:
             network.enter_host(placement)  # before the first socket: every socket opens in the host's namespace
+        else:
+            # Local ranks talk over loopback; Gloo would otherwise listen on the address the machine's
+            # name resolves to, which may be an external one.
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(threads)
         store = dist.TCPStore(host, port, world_size=None, is_master=False, timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,

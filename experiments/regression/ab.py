@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 from experiments.core.config import ConfigError, to_argv
-from experiments.core.git import git, resolve_commit
+from experiments.core.git import add_worktree, git, prune_worktrees, remove_worktree, resolve_commit
 from experiments.core.machine import cpu_seconds, other_cores_busy
 from experiments.core.records import SchemaError, append_record, config_key, read_records
+from experiments.emulate import network
 from experiments.regression import interleaved
 from experiments.regression.compare import MIN_PAIRED_ROUNDS, check_verdict_options, compare, format_table
 
@@ -70,17 +71,51 @@ QUIET_RETRIES = 2
 
 @contextlib.contextmanager
 def worktrees(repo: Path, commits: dict[str, str], parent: Path):
-    """Check out each commit in a detached worktree under `parent` (by name); remove them afterwards."""
+    """Check out each commit in a detached worktree under `parent` (by name; a `ddpbench-` temporary
+    folder); remove them afterwards. First removes the worktrees that killed ddpbench runs left in `repo`
+    (see prune_worktrees: only ddpbench's own, only those whose run is gone)."""
+    for path in prune_worktrees(repo):
+        print(f"ddpbench: removed the worktree {path}, which a killed ddpbench run left", file=sys.stderr)
     trees: dict[str, Path] = {}
     try:
         for name, commit in commits.items():
-            git("worktree", "add", "--detach", str(parent / name), commit, cwd=repo)
-            trees[name] = parent / name
+            trees[name] = parent / name  # first: removed below even if adding it is cut short
+            add_worktree(repo, parent / name, commit)
         yield trees
     finally:
-        for tree in trees.values():
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=repo, capture_output=True)
-        subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
+        with network.signals_held():  # a second Ctrl-C must not leave a worktree registered
+            for tree in trees.values():
+                remove_worktree(repo, tree)
+
+
+# How long an interrupted `ddpbench run` gets to remove what it made (ranks, emulated network) after
+# SIGTERM before it is killed.
+STOP_WAIT_S = 30.0
+
+
+def run_child(command: list[str], **popen) -> subprocess.CompletedProcess:
+    """subprocess.run with output captured, except that an interruption (Ctrl-C, SIGTERM) stops the child
+    politely: SIGTERM, up to STOP_WAIT_S for it to clean up, then SIGKILL (subprocess.run kills it at once,
+    and a `ddpbench run` killed so leaves its network namespaces behind)."""
+    with subprocess.Popen(command, **popen) as child:
+        try:
+            out, err = child.communicate()
+        except BaseException:
+            with network.signals_held():  # more Ctrl-C must not cut the wait short
+                stop_child(child)
+            raise
+    return subprocess.CompletedProcess(command, child.returncode, out, err)
+
+
+def stop_child(child: subprocess.Popen, wait_s: float = STOP_WAIT_S) -> None:
+    """SIGTERM `child`, wait up to `wait_s` seconds for it to exit (reading its pipes), then SIGKILL it."""
+    if child.poll() is None:
+        child.terminate()
+    try:
+        child.communicate(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
 
 
 def preset_args(preset: str) -> list[str]:
@@ -112,8 +147,8 @@ def run_round(tree: Path, preset: str, out: Path, tag: dict, separate: bool | No
             before, started = cpu_seconds(), time.monotonic()
             for args in run_commands(preset, separate):
                 command = [sys.executable, "-m", "experiments", "run", *args, "--out", str(raw)]
-                done = subprocess.run(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                done = run_child(command, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                 tail = "\n".join(done.stderr.strip().splitlines()[-5:])
                 if done.returncode != 0:
                     return f"`ddpbench run` exited with status {done.returncode}: {tail}"

@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from experiments.core.config import ConfigError
-from experiments.core.git import git
+from experiments.core.git import add_worktree, git, prune_worktrees, remove_worktree
+from experiments.emulate import network
 
 REDUCER, DISTRIBUTED = "ddp_core/reducer.py", "ddp_core/distributed.py"
 # The launcher's file, in this layout and in the one before it (a drill's base commit may be older).
@@ -94,10 +95,11 @@ def commit_injections(repo: Path, base: str, names: list[str]) -> dict[str, str]
     # Dated as the base commit: the same injection on the same base gets the same hash every time.
     date = git("log", "-1", "--format=%cI", base, cwd=repo)
     env = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    prune_worktrees(repo)  # those of killed runs (ddpbench's own only)
     with tempfile.TemporaryDirectory(prefix="ddpbench-drill-inject-") as tmp:
         tree = Path(tmp) / "tree"
-        git("worktree", "add", "--detach", str(tree), base, cwd=repo)
         try:
+            add_worktree(repo, tree, base)
             for name in names:
                 git("checkout", "-q", "--detach", base, cwd=tree)
                 apply(tree, name)
@@ -106,7 +108,6 @@ def commit_injections(repo: Path, base: str, names: list[str]) -> dict[str, str]
                                capture_output=True)
                 commits[name] = git("rev-parse", "HEAD", cwd=tree)
         finally:
-            with contextlib.suppress(OSError):
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=repo, capture_output=True)
-                subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
+            with contextlib.suppress(OSError), network.signals_held():  # a second Ctrl-C must not leave it registered
+                remove_worktree(repo, tree)
     return commits

@@ -125,6 +125,12 @@ def table(rows: list[dict], commits: list[str], configs: list[str], links: dict[
             f"<tbody>{''.join(body)}</tbody></table>")
 
 
+def inline_json(data) -> str:
+    """`data` as JSON safe inside a <script> element: `<`, `>` and `&` as JSON escapes (\\u003c ...),
+    which JSON.parse reads back as the same characters."""
+    return (json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+
+
 def write(rows: list[dict], commits: list[str], records: Path, out: Path, title: str) -> Path:
     """Write out/index.html and copy each shown commit's records to out/records/; return the page's path."""
     (out / "records").mkdir(parents=True, exist_ok=True)
@@ -142,8 +148,9 @@ def write(rows: list[dict], commits: list[str], records: Path, out: Path, title:
     data = {"configs": configs, "rows": points,
             "commits": [{"commit": c, "status": next((r["status"] for r in rows if r["commit"] == c[:10]), "missing")}
                         for c in commits]}
-    # "</" must not end the script element early, whatever a commit subject holds.
-    embedded = json.dumps(data).replace("</", "<\\/")
+    # No "<", ">" or "&" in the inline JSON, whatever a commit subject holds: "</script" would end the
+    # element early and "<!--<script" would make the HTML parser swallow the page's script with it.
+    embedded = inline_json(data)
     legend = ("<p class=\"legend\"><span class=\"slower\">+ slower</span><span class=\"faster\">- faster</span>"
               "<span>~ not significant</span> than the previous measured commit (paired ratio of medians, "
               "its interval); bars: 25-75% of the samples; grey: the commit could not run the preset</p>")

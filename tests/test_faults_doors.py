@@ -1,0 +1,288 @@
+"""Doors a run must keep shut and rooms it must leave empty: the rendezvous store and the ranks listen on
+loopback (or inside the emulated network) alone; Ctrl-C, however often, leaves no network namespace; an
+interrupted A/B stops its child `ddpbench run` with SIGTERM and waits for it; a killed A/B's worktrees
+are pruned by the next one, and nobody else's are."""
+import ipaddress
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.emulate import network
+from experiments.measure.launch import RankPool
+from experiments.regression import ab
+
+ROOT = Path(__file__).resolve().parents[1]
+NETWORK_PROBLEMS = network.check()
+needs_network = pytest.mark.skipif(bool(NETWORK_PROBLEMS),
+                                   reason=f"this machine cannot emulate a cluster: {NETWORK_PROBLEMS}")
+
+
+def hold_after_allreduce(rank, world_size, marks: str):
+    """On every rank: one all-reduce (so every socket a collective needs is open), then say so and wait
+    until the test has looked (marks/release), at most a minute."""
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(4))
+    (Path(marks) / f"ready{rank}").touch()
+    deadline = time.monotonic() + 60
+    while not (Path(marks) / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return rank
+
+
+def _wait_for(condition, seconds=120.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def _descendants(pid: int) -> set[int]:
+    """`pid` and every process below it."""
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        found.add(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:
+                pass  # gone meanwhile
+    return found
+
+
+def _listening(pids: set[int], netns: str | None = None) -> list[str]:
+    """The local addresses (host part) that processes `pids` listen on for TCP, per `ss -ltnp`."""
+    command = ["ss", "-ltnpH"] if netns is None else ["ip", "netns", "exec", netns, "ss", "-ltnpH"]
+    addresses = []
+    for line in subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines():
+        if any(f"pid={pid}," in line for pid in pids):
+            host = line.split()[3].rsplit(":", 1)[0].strip("[]").split("%")[0]
+            addresses.append(host)
+    return addresses
+
+
+def _loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # "*": every interface
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def _hold_pool(pool: RankPool, marks: Path):
+    """Start the holding task on `pool` in a thread; return the thread once every rank is holding."""
+    worker = threading.Thread(target=pool.run, args=(hold_after_allreduce, (str(marks),), 120))
+    worker.start()
+    _wait_for(lambda: all((marks / f"ready{r}").exists() for r in range(pool.world_size)) or not worker.is_alive())
+    assert worker.is_alive(), "the ranks failed before holding"
+    return worker
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="`ss` (iproute2) is missing")
+@pytest.mark.timeout(180)
+def test_the_store_and_the_ranks_listen_on_loopback_alone(tmp_path):
+    with RankPool(2, timeout=120) as pool:
+        worker = _hold_pool(pool, tmp_path)
+        try:
+            addresses = _listening(_descendants(os.getpid()))
+        finally:
+            (tmp_path / "release").touch()
+            worker.join()
+    assert addresses, "no listening socket found: the rendezvous store should be one"
+    outside = [a for a in addresses if not _loopback(a)]
+    assert not outside, f"the run listens beyond loopback: {addresses}"
+
+
+@needs_network
+@pytest.mark.timeout(180)
+def test_with_emulated_hosts_the_store_listens_on_the_switch_alone(tmp_path):
+    with RankPool(2, timeout=120, link="100mbit") as pool:
+        worker = _hold_pool(pool, tmp_path)
+        try:
+            ours = _descendants(os.getpid())
+            on_the_machine = _listening(ours)
+            on_the_switch = _listening(ours, pool.cluster.switch)
+        finally:
+            (tmp_path / "release").touch()
+            worker.join()
+    assert all(_loopback(a) for a in on_the_machine), on_the_machine
+    assert on_the_switch == [network.SWITCH_ADDRESS]
+
+
+def _namespaces_of(pid: int) -> list[str]:
+    return network.list_netns(f"{network.PREFIX}{pid}-")
+
+
+@needs_network
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("when", ["starting", "measuring"])
+def test_three_ctrl_c_in_a_row_leave_no_namespace(tmp_path, when):
+    out = tmp_path / "r.jsonl"
+    argv = [sys.executable, "-m", "experiments", "run", "--model", "resnet-tiny", "--image-size", "16",
+            "--batch-size", "2", "--iters", "200", "--warmup", "1", "--link", "1gbit", "--out", str(out)]
+    # A session of its own: Ctrl-C goes to the whole process group, as a terminal sends it.
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        _wait_for(lambda: len(_namespaces_of(proc.pid)) == 3 or proc.poll() is not None)
+        if when == "measuring":  # the ranks have reached the store, then run iterations for a while
+            _wait_for(lambda: _store_connected(proc.pid) or proc.poll() is not None)
+            time.sleep(1.0)
+        for _ in range(3):
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.01)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        left = _namespaces_of(proc.pid)
+        for netns in left:  # this test's own leftovers, so that a failure does not stay on the machine
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+    assert not left, f"left behind: {left}; stderr: {err[-2000:]}"
+    assert proc.returncode == 130, err[-2000:]
+
+
+def _store_connected(pid: int) -> bool:
+    """Whether ranks hold connections to the store of run `pid` (in its switch namespace)."""
+    switches = [n for n in _namespaces_of(pid) if n.endswith("-sw")]
+    return bool(switches) and any(f"pid={pid}," in line for line in subprocess.run(
+        ["ip", "netns", "exec", switches[0], "ss", "-tnpH"], capture_output=True, text=True).stdout.splitlines())
+
+
+STUB_MAIN = '''
+import os, signal, sys, time
+from pathlib import Path
+marks = Path(os.environ["DDPBENCH_STUB_MARKS"])
+def stop(signum, frame):
+    (marks / "sigterm").touch()
+    time.sleep(0.5)  # as a run removing its namespaces
+    (marks / "cleaned").touch()
+    sys.exit(130)
+signal.signal(signal.SIGTERM, stop)
+(marks / "pid").write_text(str(os.getpid()))
+time.sleep(120)
+'''
+
+
+def _stub_tree(tmp_path: Path) -> Path:
+    """A checkout whose `python -m experiments run` only waits, noting the signals it gets."""
+    tree = tmp_path / "tree"
+    (tree / "experiments").mkdir(parents=True)
+    (tree / "experiments" / "__init__.py").write_text("")
+    (tree / "experiments" / "__main__.py").write_text(STUB_MAIN)
+    return tree
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupted_round_stops_its_child_with_sigterm_and_waits(tmp_path, monkeypatch):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("DDPBENCH_STUB_MARKS", str(marks))
+    main_thread = threading.main_thread().ident
+
+    def ctrl_c_once_started():
+        _wait_for(lambda: (marks / "pid").exists(), 60)
+        signal.pthread_kill(main_thread, signal.SIGINT)  # as Ctrl-C (or SIGTERM, which ddpbench turns into it)
+
+    threading.Thread(target=ctrl_c_once_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        ab.run_round(_stub_tree(tmp_path), "quick", tmp_path / "out.jsonl", {"session": "s", "index": 0})
+    assert (marks / "sigterm").exists(), "the child was not sent SIGTERM (killed outright?)"
+    assert (marks / "cleaned").exists(), "the child was not given the time to clean up"
+    assert not Path(f"/proc/{(marks / 'pid').read_text()}").exists()
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_wait():
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    started = time.monotonic()
+    ab.stop_child(child, wait_s=0.5)
+    assert child.returncode == -signal.SIGKILL and time.monotonic() - started < 10
+
+
+def _git(*args, cwd) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _worktrees(repo: Path) -> list[str]:
+    return [line.split(" ", 1)[1] for line in _git("worktree", "list", "--porcelain", cwd=repo).splitlines()
+            if line.startswith("worktree ")][1:]
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_ab_leaves_worktrees_the_next_one_prunes_and_nobody_elses(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git("init", "-q", cwd=repo)
+    _git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-q", "--allow-empty", "-m", "one", cwd=repo)
+    commit = _git("rev-parse", "HEAD", cwd=repo)
+    made = []  # every folder this test makes in the temporary directory, removed at the end
+    try:
+        # An `ab` killed (SIGKILL) while its two worktrees are checked out: no clean-up of its own runs.
+        killed = subprocess.run([sys.executable, "-c", f"""
+import os, tempfile
+from pathlib import Path
+from experiments.regression.ab import worktrees
+parent = Path(tempfile.mkdtemp(prefix="ddpbench-ab-"))
+print(parent, flush=True)
+held = worktrees(Path({str(repo)!r}), {{"base": {commit!r}, "head": {commit!r}}}, parent)
+held.__enter__()
+os.kill(os.getpid(), 9)
+"""], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        made.append(Path(killed.stdout.strip()))
+        left = _worktrees(repo)
+        assert sorted(left) == [str(made[0] / "base"), str(made[0] / "head")] and all(map(os.path.isdir, left))
+        # A ddpbench worktree of an older run whose folder is gone; one of a run still going (this process);
+        # the user's own, one of them with its folder gone (on a drive not mounted now, say).
+        gone = Path(tempfile.mkdtemp(prefix="ddpbench-history-"))
+        live = Path(tempfile.mkdtemp(prefix="ddpbench-truth-"))
+        made += [gone, live]
+        _git("worktree", "add", "-q", "--detach", str(gone / "c"), commit, cwd=repo)
+        shutil.rmtree(gone / "c")
+        from experiments.core.git import add_worktree
+
+        add_worktree(repo, live / "c", commit)
+        mine, mine_gone = tmp_path / "mine", tmp_path / "mine-gone"
+        for path in (mine, mine_gone):
+            _git("worktree", "add", "-q", "--detach", str(path), commit, cwd=repo)
+        shutil.rmtree(mine_gone)
+
+        new = Path(tempfile.mkdtemp(prefix="ddpbench-ab-"))
+        made.append(new)
+        with ab.worktrees(repo, {"base": commit}, new):
+            assert sorted(_worktrees(repo)) == sorted([str(live / "c"), str(mine), str(mine_gone), str(new / "base")])
+        assert sorted(_worktrees(repo)) == sorted([str(live / "c"), str(mine), str(mine_gone)])
+
+        # `ddpbench network --cleanup` prunes them too (here: once this process, their owner, has let go).
+        _git("worktree", "unlock", str(live / "c"), cwd=repo)
+        _git("worktree", "lock", "--reason", f"ddpbench pid {_ended_pid()} started 1", str(live / "c"), cwd=repo)
+        monkeypatch.setattr(network, "CHECKOUT", repo)
+        monkeypatch.setattr(network, "cleanup", lambda: ([], []))  # namespaces are another test's
+        assert network.main(type("Args", (), {"check": False, "cleanup": True})()) == 0
+        assert sorted(_worktrees(repo)) == sorted([str(mine), str(mine_gone)])
+    finally:
+        for path in _worktrees(repo):
+            subprocess.run(["git", "worktree", "remove", "--force", "--force", path], cwd=repo, capture_output=True)
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ended_pid() -> int:
+    """The id of a process that has ended."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(done.stdout)
