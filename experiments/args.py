@@ -94,5 +94,5 @@ MAX_TIMEOUT_S = 365 * 24 * 3600
 def check_timeout(name: str, value: float) -> None:
     """Raise ConfigError unless `value` is a number of seconds > 0 and at most MAX_TIMEOUT_S (a year)."""
     if not 0 < value <= MAX_TIMEOUT_S:
-        raise ConfigError(f"--{name}={value:g} is not allowed; it must be a number of seconds > 0 and at most "
-                          f"{MAX_TIMEOUT_S} (a year)")
+        raise ConfigError(f"--{name}={value} is not allowed; it must be > 0 and at most {MAX_TIMEOUT_S} seconds "
+                          "(a year)")

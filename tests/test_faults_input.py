@@ -67,7 +67,7 @@ def test_configs_given_as_data_are_checked_for_finite_floats_too():
 def test_timeout_must_be_a_finite_number_of_seconds(tmp_path, capsys, command, value):
     out = tmp_path / "r.jsonl"
     refused(capsys, [command, "--timeout", value, "--out", str(out)],
-            r"--timeout=\S+ is not allowed; it must be a number of seconds > 0 and at most 31536000 \(a year\)", out)
+            r"--timeout=\S+ is not allowed; it must be > 0 and at most 31536000 seconds \(a year\)", out)
 
 
 def test_train_refuses_an_infinite_learning_rate(tmp_path, capsys):
@@ -89,7 +89,7 @@ def test_predict_refuses_floats_that_are_not_finite(capsys, argv, needle):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--compute-s", "inf"], r"--compute-s=inf is not allowed; it must be a finite number > 0"),
-    (["--timeout", "inf"], r"--timeout=inf is not allowed; it must be a number of seconds > 0"),
+    (["--timeout", "inf"], r"--timeout=inf is not allowed; it must be > 0 and at most 31536000 seconds"),
 ])
 def test_advise_refuses_floats_that_are_not_finite(capsys, argv, needle):
     refused(capsys, ["advise", "--model", "resnet-tiny", "--cluster", "paper-v100-nccl", *argv], needle)
