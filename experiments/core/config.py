@@ -71,7 +71,7 @@ def parse_list(name: str, text: str) -> list:
             values.append(kind(item))
         except ValueError:
             raise ConfigError(f"--{_flag(name)}: {item!r} is not a valid {kind.__name__}") from None
-        if kind is float and not math.isfinite(values[-1]):  # float() takes nan and inf; no size or factor is
+        if kind is float and not math.isfinite(values[-1]):  # float() takes nan and inf; no size or factor may be
             raise ConfigError(f"--{_flag(name)}: {item!r} is not allowed; it must be a finite number")
     if name == "model_config":
         return values  # "" is allowed: the defaults
