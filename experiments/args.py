@@ -2,6 +2,7 @@
 ConfigError naming the flag, the value and what is allowed (the CLI exits with status 2)."""
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -73,6 +74,25 @@ def _try_writing_in(folder: Path, path: Path, flag: str) -> None:
 
 
 def check_positive(name: str, value: float) -> None:
-    """Raise ConfigError unless `value` > 0."""
-    if not value > 0:
-        raise ConfigError(f"--{name}={value} is not allowed; it must be > 0")
+    """Raise ConfigError unless `value` is a finite number > 0 (nan and inf reach clocks and sizes as errors
+    deep inside a run, or as records that cannot be written)."""
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"--{name}={value} is not allowed; it must be a finite number > 0")
+
+
+def check_at_least(name: str, value: float, minimum: float) -> None:
+    """Raise ConfigError unless `value` is a finite number >= `minimum`."""
+    if not (value >= minimum and math.isfinite(value)):
+        raise ConfigError(f"--{name}={value} is not allowed; it must be a finite number >= {minimum:g}")
+
+
+# The most seconds a timeout may be: the ranks turn it into timedeltas and C++ durations, which overflow
+# somewhere past 1e13 s; a year is as good as no limit.
+MAX_TIMEOUT_S = 365 * 24 * 3600
+
+
+def check_timeout(name: str, value: float) -> None:
+    """Raise ConfigError unless `value` is a number of seconds > 0 and at most MAX_TIMEOUT_S (a year)."""
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise ConfigError(f"--{name}={value} is not allowed; it must be > 0 and at most {MAX_TIMEOUT_S} seconds "
+                          "(a year)")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ddp_core.hooks import HOOKS
-from experiments.args import EXIT_BAD_INPUT, check_folder, check_output, check_positive
+from experiments.args import EXIT_BAD_INPUT, MAX_TIMEOUT_S, check_folder, check_output, check_timeout
 from experiments.core.config import (
     BACKENDS,
     COMPUTE,
@@ -129,7 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON-lines record file (appended to)")
     parser.add_argument("--resume", action="store_true", help="skip configs already recorded in --out")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one config may take (default 600)")
+    # The clock starts when a config is handed to its ranks (launch.RankPool.run); the ranks are spawned just
+    # before and not waited for, so the first config of each set of ranks also pays for their start-up.
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds one config may take, from handing it to its ranks until all have answered "
+                             "(building the model, warm-up, measuring); the first config of each set of ranks (a "
+                             "new world size, backend, device, thread count or network, or the next config after a "
+                             "failure) also includes the ranks' start-up: spawning, importing torch, joining the "
+                             "process group. It is also the ranks' timeout for one collective (under torchrun, "
+                             f"only that). Default 600; at most {MAX_TIMEOUT_S} (a year)")
 
 
 def resolve_run_configs(args: argparse.Namespace) -> list[RunConfig]:
@@ -276,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return network.main(args)
     try:
-        check_positive("timeout", args.timeout)
+        check_timeout("timeout", args.timeout)
         check_output(args.out)
         if getattr(args, "trace", None) is not None:
             check_folder(args.trace, "trace")

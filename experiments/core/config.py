@@ -5,6 +5,7 @@ what is allowed.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, fields
@@ -70,6 +71,8 @@ def parse_list(name: str, text: str) -> list:
             values.append(kind(item))
         except ValueError:
             raise ConfigError(f"--{_flag(name)}: {item!r} is not a valid {kind.__name__}") from None
+        if kind is float and not math.isfinite(values[-1]):  # float() takes nan and inf; no size or factor may be
+            raise ConfigError(f"--{_flag(name)}: {item!r} is not allowed; it must be a finite number")
     if name == "model_config":
         return values  # "" is allowed: the defaults
     if not values or any(v == "" for v in values):
@@ -80,6 +83,12 @@ def parse_list(name: str, text: str) -> list:
 def check_config(config: RunConfig, gpu_count: int | None = None) -> None:
     """Raise ConfigError for the first invalid value of `config`, its model aside (measure.configs checks
     that the model can be built and fits in memory)."""
+    # Configs also arrive as data (plans, presets), not only through parse_list: nan passes every `<`
+    # check below, and either would end as a record that JSON cannot hold.
+    for field in fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"--{_flag(field.name)}={value} is not allowed; it must be a finite number")
     _one_of("amp", config.amp, AMPS)
     if config.amp == "fp16" and config.device != "cuda":
         raise ConfigError("--amp fp16 needs --device cuda: float16 training needs a gradient scaler, which "

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_core import DistributedDataParallel
-from experiments.args import add_network_arguments, parse_network_arguments
+from experiments.args import add_network_arguments, check_positive, parse_network_arguments
 from experiments.core.config import (
     BACKENDS,
     DEVICES,
@@ -77,8 +77,7 @@ def resolve(args: argparse.Namespace) -> list[TrainConfig]:
     for name, value in (("batch-size", args.batch_size), ("iters", args.iters), ("threads", args.threads)):
         if value < 1:
             raise ConfigError(f"--{name}={value} is not allowed; it must be >= 1")
-    if not args.lr > 0:
-        raise ConfigError(f"--lr={args.lr} is not allowed; it must be > 0")
+    check_positive("lr", args.lr)
     runs = []
     for backend, world_size, n, (link, ranks_per_host) in itertools.product(
         backends, parse_ints("world-size", args.world_size, 1), parse_ints("sync-every", args.sync_every, 1),

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from experiments.args import check_positive, check_timeout
 from experiments.core.config import ConfigError, RunConfig, default_backend_and_device, parse_list, validate_backend
 from experiments.core.machine import machine_name
 from experiments.core.records import read_records
@@ -127,8 +128,9 @@ def main(args: argparse.Namespace) -> int:
         if args.out is not None:
             for suffix in (".md", ".json", ".profile.jsonl"):
                 check_output(args.out.with_name(args.out.name + suffix))
-        if args.compute_s is not None and not args.compute_s > 0:
-            raise ConfigError(f"--compute-s={args.compute_s} is not allowed; it must be > 0")
+        if args.compute_s is not None:
+            check_positive("compute-s", args.compute_s)
+        check_timeout("timeout", args.timeout)
         stored = _stored(args.from_profile, args.model) if args.from_profile is not None else None
     except ConfigError as error:
         print(f"ddpbench advise: error: {error}", file=sys.stderr)

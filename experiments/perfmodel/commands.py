@@ -16,6 +16,7 @@ import itertools
 import json
 from pathlib import Path
 
+from experiments.args import check_at_least, check_positive
 from experiments.core.config import (
     ConfigError,
     RunConfig,
@@ -144,8 +145,7 @@ def chosen_profile(args: argparse.Namespace) -> Profile:
     profile = Profile.from_record(matches[-1])
     if args.compute_s is None:
         return profile
-    if not args.compute_s > 0:
-        raise ConfigError(f"--compute-s={args.compute_s} is not allowed; it must be > 0")
+    check_positive("compute-s", args.compute_s)
     return profile.scaled(args.compute_s / profile.compute)
 
 
@@ -159,8 +159,7 @@ def schedules(args: argparse.Namespace) -> list[Schedule]:
     caps = parse_list("bucket_mb", args.bucket_mb)
     if any(cap < 0 for cap in caps):
         raise ConfigError(f"--bucket-mb={args.bucket_mb} is not allowed; caps must be >= 0")
-    if args.first_bucket_mb < 0:
-        raise ConfigError(f"--first-bucket-mb={args.first_bucket_mb} is not allowed; it must be >= 0")
+    check_at_least("first-bucket-mb", args.first_bucket_mb, 0)
     return [Schedule(world_size=p, bucket_mb=cap, first_bucket_mb=args.first_bucket_mb, overlap=overlap,
                      sync_every=n, process_groups=k)
             for p, cap, n, k, overlap in itertools.product(

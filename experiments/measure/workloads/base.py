@@ -5,6 +5,7 @@ user_file) build on it, and spec.py resolves a `--model` to one of them."""
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -12,6 +13,11 @@ import torch
 from torch import nn
 
 TORCHVISION, TRANSFORMERS = "torchvision:", "transformers:"
+# What the harness does with a workload's functions (harness.build, harness.train_step): it calls
+# `.to(device)` on every value of the batch and `.backward()` on the loss.
+MAKE_BATCH_CONTRACT = ("make_batch(model, batch_size, image_size, seq_len, generator) -> dict of str -> torch.Tensor "
+                       "(on the CPU)")
+LOSS_CONTRACT = "loss(model, batch) -> scalar torch.Tensor (one element, with a gradient to the model's parameters)"
 
 
 @dataclass(frozen=True)
@@ -63,23 +69,88 @@ def model_size(model: nn.Module) -> dict:
             "gradient_tensors": len(trainable)}
 
 
-def dry_run(workload: Workload, image_size: int, seq_len: int) -> int | None:
+def dry_run(workload: Workload, image_size: int, seq_len: int, user_code: bool = False) -> int | None:
     """Build the model and run its loss on a batch of 2 on the meta device (shapes only: no memory, no
-    time), so that a model that cannot take these inputs fails before any rank starts. Returns the
-    parameter count, or None where the model cannot be built on the meta device (an initialiser that
-    reads values); where only the forward has no meta kernel, it is not checked. Other errors propagate."""
+    time), so that a model that cannot take these inputs, or a batch or loss of the wrong kind, fails
+    before any rank starts (ValueError quoting the contract for the latter). Returns the parameter count,
+    or None where the model cannot be built on the meta device (an initialiser that reads values); where
+    only the forward has no meta kernel, it is not checked. Other errors propagate, except, with
+    `user_code` (a user's file), those its own functions raise on the meta device: that code may need
+    real values or a device, and the ranks report its errors; what it returns is checked all the same."""
     try:
         with torch.device("meta"):
             model = workload.build()
     except NotImplementedError:
         return None
+    except Exception:
+        if user_code:
+            return None
+        raise
     parameters = sum(p.numel() for p in model.parameters())
-    batch = workload.make_batch(model, 2, image_size, seq_len, torch.Generator().manual_seed(0))
     try:
-        workload.loss(model, {k: v.to("meta") for k, v in batch.items()})
+        batch = workload.make_batch(model, 2, image_size, seq_len, torch.Generator().manual_seed(0))
+    except Exception:
+        if user_code:
+            return parameters
+        raise
+    check_batch(workload.spec, batch)
+    try:
+        value = workload.loss(model, {k: v.to("meta") for k, v in batch.items()})
     except NotImplementedError:
-        pass  # an operator without a meta kernel: the ranks will find out
+        return parameters  # an operator without a meta kernel: the ranks will find out
     except RuntimeError as error:
-        if "meta" not in str(error):  # e.g. `.item()` on a meta tensor: a value the check cannot know
-            raise
+        if "meta" in str(error) or user_code:  # e.g. `.item()` on a meta tensor: a value the check cannot know
+            return parameters
+        raise
+    except Exception:
+        if user_code:
+            return parameters
+        raise
+    check_loss(workload.spec, value)
     return parameters
+
+
+def check_batch(spec: str, batch) -> None:
+    """ValueError, quoting the contract, unless `batch` is a dict of str -> torch.Tensor."""
+    if not isinstance(batch, dict):
+        raise ValueError(f"--model={spec!r}: make_batch returned {_kind(batch)}, not a dict; the contract is "
+                         f"{MAKE_BATCH_CONTRACT} (docs/your-model.md)")
+    for key, value in batch.items():
+        if not isinstance(key, str):
+            raise ValueError(f"--model={spec!r}: make_batch returned a dict with the key {key!r}, not a str; the "
+                             f"contract is {MAKE_BATCH_CONTRACT} (docs/your-model.md)")
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"--model={spec!r}: make_batch returned a dict whose {key!r} is {_kind(value)}, not a "
+                             f"torch.Tensor; the contract is {MAKE_BATCH_CONTRACT} (docs/your-model.md)")
+
+
+def check_loss(spec: str, value) -> None:
+    """ValueError, quoting the contract, unless `value` is a one-element tensor that has a gradient."""
+    if not isinstance(value, torch.Tensor):
+        problem = f"{_kind(value)}, not a torch.Tensor"
+    elif value.numel() != 1:
+        problem = f"a tensor of shape {tuple(value.shape)}, not a scalar (reduce it, e.g. with .mean())"
+    elif not value.requires_grad:
+        problem = "a tensor without a gradient (it does not depend on the model's parameters)"
+    else:
+        return
+    raise ValueError(f"--model={spec!r}: loss returned {problem}; the contract is {LOSS_CONTRACT} "
+                     "(docs/your-model.md)")
+
+
+def _kind(value) -> str:
+    """`None`, `a list`, `a numpy.ndarray`: what a value is, in a message."""
+    if value is None:
+        return "None"
+    kind = type(value)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
+
+
+def blame(overrides: dict[str, str], error: BaseException) -> str:
+    """The `--model-config key=value` pairs whose value the text of `error` names (all of them where it
+    names none): which of the user's settings a failed build points at."""
+    text = f"{error!r} {error}"
+    named = {key: raw for key, raw in overrides.items()
+             if re.search(rf"(?<![\w.]){re.escape(raw)}(?![\w.])", text)}
+    return ",".join(f"{key}={raw!r}" for key, raw in (named or overrides).items())

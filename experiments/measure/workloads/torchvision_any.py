@@ -13,7 +13,7 @@ import torch
 import torchvision
 from torch import nn
 
-from experiments.measure.workloads.base import TORCHVISION, Workload, convert, dry_run
+from experiments.measure.workloads.base import TORCHVISION, Workload, blame, convert, dry_run
 
 OTHER_KINDS = {"detection": "a detection model", "segmentation": "a segmentation model", "video": "a video model",
                "optical_flow": "an optical-flow model", "quantization": "a quantized model"}
@@ -73,7 +73,10 @@ def load(spec: str, overrides: dict[str, str], image_size: int, seq_len: int) ->
     """The Workload of `torchvision:NAME` (ValueError for other kinds and unknown names)."""
     name = _name(spec)
     kwargs = _builder_kwargs(name, overrides, image_size)
-    num_classes = int(kwargs.get("num_classes", 1000))
+    num_classes = kwargs.get("num_classes", 1000)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"--model-config num_classes={overrides['num_classes']!r} is not allowed; it must be an "
+                         "integer >= 1")
     return Workload(spec, functools.partial(torchvision.models.get_model, name, weights=None, **kwargs),
                     functools.partial(make_batch, num_classes=num_classes), loss)
 
@@ -88,4 +91,8 @@ def check(spec: str, overrides: dict[str, str], image_size: int, seq_len: int) -
     except (RuntimeError, ValueError, AssertionError) as error:
         raise ValueError(f"--model={spec!r} with --image-size {image_size}: {str(error).splitlines()[0]} "
                          "(a larger --image-size may fit)") from None
+    except Exception as error:  # noqa: BLE001 - KeyError, AttributeError...: a value the builder cannot use
+        given = f"--model-config {blame(overrides, error)} for {spec!r}" if overrides else f"--model={spec!r}"
+        raise ValueError(f"{given}: the model cannot be built or run: {type(error).__name__}: "
+                         f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from None
     return {"parameters": parameters, "source_hash": ""}

@@ -16,7 +16,7 @@ import functools
 import torch
 from torch import nn
 
-from experiments.measure.workloads.base import TRANSFORMERS, Workload, convert, dry_run
+from experiments.measure.workloads.base import TRANSFORMERS, Workload, blame, convert, dry_run
 
 # (head, the auto-class mapping that names it), in the order of preference described above
 HEADS = (("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"), ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
@@ -72,8 +72,9 @@ def make_config(spec: str, overrides: dict[str, str], image_size: int):
         kwargs.setdefault("image_size", image_size)
     try:
         return model_type, config_class(**kwargs)
-    except (ValueError, TypeError) as error:
-        raise ValueError(f"--model-config for {spec!r}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - ValueError, TypeError, huggingface_hub strict-dataclass errors
+        raise ValueError(f"--model-config {blame(overrides, error)} for {spec!r}: the configuration refuses it: "
+                         f"{type(error).__name__}: {_first_line(error)}") from None
 
 
 def make_batch(model: nn.Module, batch_size: int, image_size: int, seq_len: int, generator: torch.Generator,
@@ -113,11 +114,26 @@ def load(spec: str, overrides: dict[str, str], image_size: int, seq_len: int) ->
 
 
 def check(spec: str, overrides: dict[str, str], image_size: int, seq_len: int) -> dict:
-    """ValueError unless the model builds and computes its loss on inputs of these sizes (on the meta device)."""
+    """ValueError unless the model builds and computes its loss on inputs of these sizes (on the meta device);
+    a failure names the `--model-config` values it points at (a value the model cannot use, e.g.
+    activation_function=x, fails only when the model is built, as a KeyError deep inside transformers)."""
     workload = load(spec, overrides, image_size, seq_len)
     try:
         parameters = dry_run(workload, image_size, seq_len)
-    except (RuntimeError, ValueError, TypeError, AssertionError, IndexError, AttributeError) as error:
-        raise ValueError(f"--model={spec!r} (--model-config as given, --image-size {image_size}, --seq-len "
-                         f"{seq_len}) does not build or run: {str(error).splitlines()[0]}") from None
+    except Exception as error:  # noqa: BLE001 - whatever transformers raises for a value its model cannot use
+        shown = f"{type(error).__name__}: {_first_line(error)}"
+        if overrides:
+            raise ValueError(f"--model-config {blame(overrides, error)} for {spec!r}: the model cannot be built or "
+                             f"run with it (--image-size {image_size}, --seq-len {seq_len}): {shown}") from None
+        raise ValueError(f"--model={spec!r} (--image-size {image_size}, --seq-len {seq_len}) does not build or run: "
+                         f"{shown}") from None
     return {"parameters": parameters, "source_hash": ""}
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of the error's text, and of its cause's where it only announces it ("...:")."""
+    lines = str(error).strip().splitlines()
+    line = lines[0] if lines else ""
+    if (not line or line.endswith(":")) and error.__cause__ is not None:
+        line = f"{line} {_first_line(error.__cause__)}".strip()
+    return line

@@ -1,8 +1,8 @@
 """The user's own workload: a file `path/to/file.py` or an importable module `package.module` defining
 
     build_model(**model_config) -> torch.nn.Module
-    make_batch(model, batch_size, image_size, seq_len, generator) -> dict of tensors (on the CPU)
-    loss(model, batch) -> scalar tensor          # `model` is the DDP wrapper; call it as the module
+    make_batch(model, batch_size, image_size, seq_len, generator) -> dict of str -> torch.Tensor (on the CPU)
+    loss(model, batch) -> scalar torch.Tensor    # `model` is the DDP wrapper; call it as the module
 
 as the built-in workloads do (docs/your-model.md; `examples/my_model.py`). `--model-config
 key=value,...` becomes keyword arguments of `build_model` (values read as Python literals, else text).
@@ -22,11 +22,21 @@ import sys
 import traceback
 from pathlib import Path
 
-from experiments.measure.workloads.base import TORCHVISION, TRANSFORMERS, Workload, convert
+from experiments.measure.workloads.base import (
+    LOSS_CONTRACT,
+    MAKE_BATCH_CONTRACT,
+    TORCHVISION,
+    TRANSFORMERS,
+    Workload,
+    convert,
+    dry_run,
+)
 
 FUNCTIONS = ("build_model", "make_batch", "loss")
-CONTRACT = ("build_model(**model_config) -> nn.Module, make_batch(model, batch_size, image_size, seq_len, "
-            "generator) -> dict of tensors, loss(model, batch) -> scalar tensor")
+CONTRACT = (f"build_model(**model_config) -> torch.nn.Module, {MAKE_BATCH_CONTRACT}, {LOSS_CONTRACT} "
+            "(docs/your-model.md, examples/my_model.py)")
+# How the harness calls them (positionally): the arguments a signature must take.
+CALLS = {"make_batch": ("model", "batch_size", "image_size", "seq_len", "generator"), "loss": ("model", "batch")}
 
 
 def is_file_spec(spec: str) -> bool:
@@ -63,6 +73,9 @@ def _import(spec: str):
         path = Path(spec)
         if not path.is_file():
             raise ValueError(f"--model={spec!r}: no such file{' (it is a folder)' if path.is_dir() else ''}")
+        if path.suffix != ".py":  # importlib finds no loader for it; a workload is Python source
+            raise ValueError(f"--model={spec!r} is not a Python file (its name must end in .py); a workload file "
+                             f"defines {CONTRACT}")
         # A name per content: a changed file is a new module, never the stale one from sys.modules.
         name = f"ddpbench_user_{file_hash(path)}"
         if name in sys.modules:
@@ -98,6 +111,14 @@ def load(spec: str, overrides: dict[str, str], image_size: int, seq_len: int) ->
     missing = [f for f in FUNCTIONS if not callable(getattr(module, f, None))]
     if missing:
         raise ValueError(f"--model={spec!r} lacks {', '.join(missing)}; a workload defines {CONTRACT}")
+    for name, arguments in CALLS.items():
+        try:
+            inspect.signature(getattr(module, name)).bind(*arguments)
+        except TypeError as error:
+            raise ValueError(f"--model={spec!r}: {name} cannot be called as {name}({', '.join(arguments)}) "
+                             f"({error}); a workload defines {CONTRACT}") from None
+        except ValueError:
+            pass  # no signature to read (a builtin): the dry run calls it
     kwargs = {key: convert(key, raw) for key, raw in overrides.items()}
     try:
         inspect.signature(module.build_model).bind(**kwargs)
@@ -108,6 +129,9 @@ def load(spec: str, overrides: dict[str, str], image_size: int, seq_len: int) ->
 
 
 def check(spec: str, overrides: dict[str, str], image_size: int, seq_len: int) -> dict:
-    """ValueError unless the workload imports and has its three functions; the user's model is not built
-    here (it may need the device of a rank)."""
-    return {"parameters": None, "source_hash": load(spec, overrides, image_size, seq_len).source_hash}
+    """ValueError unless the workload imports, has its three functions, and, in one dry run on the meta
+    device (a batch of 2), returns a dict of tensors from make_batch and a scalar tensor from loss. The
+    model is not built for real here (it may need the device of a rank); errors of the user's code on
+    the meta device are left to the ranks."""
+    workload = load(spec, overrides, image_size, seq_len)
+    return {"parameters": dry_run(workload, image_size, seq_len, user_code=True), "source_hash": workload.source_hash}
