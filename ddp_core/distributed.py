@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.join import Join, JoinHook, Joinable
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from .hooks import check_hook
 from .reducer import Reducer

@@ -88,8 +88,8 @@ def _error(fn):
 
 def side_by_side(rank, world_size):
     """Each behaviour under both implementations."""
-    from torch.distributed.device_mesh import init_device_mesh
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     out = {}
     mesh = init_device_mesh("cpu", (world_size,))
     for impl, wrap in IMPLS.items():
@@ -209,8 +209,9 @@ def test_logging_data_has_pytorchs_timing_figures(results):
 def test_comm_hook_registration_errors_carry_pytorchs_messages():
     """test_c10d_gloo.py's register_just_once, invalid_comm_hook_init and invalid_comm_hook_return_type
     match these messages; checked without processes (registration is local)."""
-    from ddp_core.hooks import check_hook
     import torch.distributed as dist
+
+    from ddp_core.hooks import check_hook
     with pytest.raises(TypeError, match="Communication hook must be callable."):
         check_hook(1)
 
