@@ -5,6 +5,8 @@
     python examples/trace_my_loop.py --model examples/my_model.py --clip 1.0 --accumulate 2 --out /tmp/mine.json
     python examples/trace_my_loop.py --model torchvision:resnet18 --image-size 32 --world-size 2   # the same loop
         # under torch's DDP on this machine (gloo, 2 processes): prints its median iteration, to check a prediction
+    python examples/trace_my_loop.py --model torchvision:resnet18 --colocated 2 --out /tmp/resnet18_x2.json
+        # trace while a second copy trains beside it, as two ranks sharing this host's cores would
 
 Nothing here is ddpbench: a DataLoader, a model, cross-entropy, optional gradient accumulation and
 clipping, SGD. The three profiler lines marked PROFILER are all a user adds to their own loop.
@@ -89,6 +91,20 @@ def _rank(rank: int, world_size: int, args) -> None:
         dist.destroy_process_group()
 
 
+def _copy(index: int, args) -> None:
+    """One of --colocated copies: the first traces, the others train beside it (no communication)."""
+    torch.set_num_threads(args.threads)
+    if index:
+        args.steps += 2  # keep the cores busy until the traced copy has finished
+        train(args)
+        return
+    # PROFILER (1 of 3): record shapes (the gradients' sizes); skip a step, warm up one, keep the rest.
+    with torch.profiler.profile(record_shapes=True,
+                                schedule=torch.profiler.schedule(wait=1, warmup=1, active=args.steps - 2)) as prof:
+        train(args, profiler=prof)
+    prof.export_chrome_trace(args.out)  # PROFILER (3 of 3): the file ddpbench reads
+
+
 def main() -> None:
     """Trace the loop for a few steps in one process (or run it under DDP with --world-size)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,17 +119,17 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="with --world-size: steps left out of the median")
     parser.add_argument("--world-size", type=int, default=1, help="> 1: run under DDP instead of tracing")
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--colocated", type=int, default=1, help="trace while this many copies in all train at once "
+                        "(ranks sharing this host compute more slowly than a process alone)")
     parser.add_argument("--out", default="trace.json")
     args = parser.parse_args()
     if args.world_size > 1:
         mp.spawn(_rank, args=(args.world_size, args), nprocs=args.world_size)
         return
-    torch.set_num_threads(args.threads)
-    # PROFILER (1 of 3): record shapes (the gradients' sizes); skip a step, warm up one, keep 5.
-    with torch.profiler.profile(record_shapes=True,
-                                schedule=torch.profiler.schedule(wait=1, warmup=1, active=args.steps - 2)) as prof:
-        train(args, profiler=prof)
-    prof.export_chrome_trace(args.out)  # PROFILER (3 of 3): the file ddpbench reads
+    if args.colocated > 1:
+        mp.spawn(_copy, args=(args,), nprocs=args.colocated)
+    else:
+        _copy(0, args)
     print(f"wrote {args.out}; now: ./ddpbench predict --trace {args.out} --allreduce <all-reduce records> "
           "--world-size 2   (docs/trace.md)")
 

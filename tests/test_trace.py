@@ -214,3 +214,45 @@ def test_the_refusal_quotes_the_three_profiler_lines():
     assert "record_shapes=True" in HOW_TO_RECORD and "prof.step()" in HOW_TO_RECORD
     assert "export_chrome_trace" in HOW_TO_RECORD
     assert issubclass(TraceError, ValueError)
+
+
+def test_the_example_loop_writes_a_trace_that_predicts(tmp_path, capsys):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "example.json"
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, str(root / "examples" / "trace_my_loop.py"), "--model",
+                    str(root / "examples" / "my_model.py"), "--image-size", "8", "--batch-size", "2", "--steps", "5",
+                    "--clip", "1.0", "--accumulate", "2", "--out", str(out)], check=True, capture_output=True)
+    trace = read_trace(out)
+    assert len(trace.steps) == 3 and trace.accumulate > 0 and trace.profile.tail > 0  # clipping after backward
+    assert main(["predict", "--trace", str(out), "--cluster", "paper-v100-nccl"]) == 0
+    assert "waits for gradient #" in capsys.readouterr().out
+
+
+def test_a_trace_of_another_gpu_than_the_clusters_is_warned_about(tmp_path, capsys):
+    path = tmp_path / "cuda.json"
+    path.write_text(json.dumps(_cuda_trace()))  # "Synthetic GPU"
+    assert main(["predict", "--trace", str(path), "--cluster", "dgx-h100-nccl"]) == 0
+    err = capsys.readouterr().err
+    assert "the trace is of Synthetic GPU" in err and "H100" in err and "--compute-s" in err
+    assert main(["predict", "--trace", str(path), "--cluster", "dgx-h100-nccl", "--compute-s", "0.01"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    data = _cuda_trace()
+    data["deviceProperties"][0]["name"] = "NVIDIA H100 80GB HBM3"
+    path.write_text(json.dumps(data))
+    assert main(["predict", "--trace", str(path), "--cluster", "dgx-h100-nccl"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_compute_s_scales_the_traced_compute_and_leaves_other_as_it_is(tmp_path, capsys):
+    path = tmp_path / "cuda.json"
+    path.write_text(json.dumps(_cuda_trace()))
+    assert main(["predict", "--trace", str(path), "--cluster", "paper-v100-nccl", "--compute-s", "0.011",
+                 "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["predictions"][0]
+    compute = row["forward_ms"] + row["backward_ms"] + row["tail_ms"] + row["optimizer_ms"]
+    assert compute == pytest.approx(11.0, rel=0.01)  # 5.5 ms traced, doubled (forward includes a broadcast)
+    assert row["other_ms"] == pytest.approx(3.5)  # data loading does not get faster on another device

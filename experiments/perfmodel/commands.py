@@ -162,7 +162,8 @@ def scaled_to_compute(profile: Profile, compute_s: float | None) -> Profile:
 
 
 def traced_profile(args: argparse.Namespace):
-    """The trace of --trace read as a profile (scaled by --compute-s; its other phases scaled alike)."""
+    """The trace of --trace read as a profile, scaled by --compute-s: compute (earlier micro-batches too)
+    scales, `other` (data loading, the user's own work) stays as traced - another device does not change it."""
     from experiments.perfmodel.trace import read_trace
 
     picked = [f"--{k.replace('_', '-')}" for k in ("model_config", "amp", "batch_size", "image_size", "seq_len",
@@ -174,8 +175,7 @@ def traced_profile(args: argparse.Namespace):
     if args.compute_s is not None:
         scaled = scaled_to_compute(trace.profile, args.compute_s)
         factor = scaled.compute / trace.profile.compute
-        trace = dataclasses.replace(trace, profile=scaled, other=trace.other * factor,
-                                    accumulate=trace.accumulate * factor, data=trace.data * factor)
+        trace = dataclasses.replace(trace, profile=scaled, accumulate=trace.accumulate * factor)
     return trace
 
 
@@ -218,7 +218,12 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return 2
-    for warning in profile_warnings(profile, args.cluster, args.compute_s) + (trace.warnings if trace else []):
+    warnings = profile_warnings(profile, args.cluster, args.compute_s)
+    if trace is not None:
+        from experiments.perfmodel.trace import device_warnings
+
+        warnings += device_warnings(trace, args.cluster, args.device, args.compute_s) + trace.warnings
+    for warning in warnings:
         print(f"ddpbench {args.command}: warning: {warning}", file=sys.stderr)
     rows = predict_rows(profile, comm, plans, None if trace is None else trace.other + trace.accumulate)
     result = {"model": profile.model, "profile": profile.config, "network": comm.name, "source": comm.source,

@@ -84,6 +84,7 @@ class TraceProfile:
     device: str
     iteration: float  # the median iteration as traced (seconds)
     warnings: list[str] = field(default_factory=list)
+    gpu: str | None = None  # the traced GPU's name (deviceProperties), on a CUDA trace
 
 
 @dataclass
@@ -101,6 +102,11 @@ class _Ev:
 
 def load_trace(path: Path) -> list[_Ev]:
     """The complete events of a Chrome trace file (a dict with traceEvents, or a bare list)."""
+    return _load(path)[0]
+
+
+def _load(path: Path) -> tuple[list[_Ev], dict]:
+    """The complete events of a trace file and its top-level fields (empty for a bare list)."""
     try:
         text = Path(path).read_text()
     except OSError as error:
@@ -113,14 +119,15 @@ def load_trace(path: Path) -> list[_Ev]:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise TraceError(f"--trace={str(path)!r} has no traceEvents; {HOW_TO_RECORD}")
-    return [_Ev(e.get("name", ""), e.get("cat", ""), e.get("pid"), e.get("tid"), float(e["ts"]),
-                float(e["ts"]) + float(e.get("dur", 0)), e.get("args") or {})
-            for e in events if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e]
+    return ([_Ev(e.get("name", ""), e.get("cat", ""), e.get("pid"), e.get("tid"), float(e["ts"]),
+                 float(e["ts"]) + float(e.get("dur", 0)), e.get("args") or {})
+             for e in events if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e],
+            data if isinstance(data, dict) else {})
 
 
 def read_trace(path: Path, name: str | None = None) -> TraceProfile:
     """Parse the trace at `path` into the profile the simulation replays; TraceError says what is missing."""
-    events = load_trace(path)
+    events, top = _load(path)
     cpu = [e for e in events if e.cat in ("cpu_op", "user_annotation", "python_function")]
     if not any(e.cat == "cpu_op" for e in cpu):
         raise TraceError(f"--trace={str(path)!r} holds no CPU operators; {HOW_TO_RECORD}")
@@ -174,7 +181,38 @@ def read_trace(path: Path, name: str | None = None) -> TraceProfile:
                 "threads": None})
     return TraceProfile(profile=profile, gradients=gradients, other=med("other"), accumulate=med("accumulate"),
                         data=med("data"), steps=[label for label, _ in kept], device=device,
-                        iteration=med("iteration"), warnings=warnings)
+                        iteration=med("iteration"), warnings=warnings, gpu=_gpu_name(top) if device == "cuda" else None)
+
+
+def _gpu_name(top: dict) -> str | None:
+    """The first GPU's name in the trace's deviceProperties, if it has one."""
+    devices = top.get("deviceProperties") or []
+    return devices[0].get("name") if devices and isinstance(devices[0], dict) else None
+
+
+GPU_FAMILIES = ("v100", "a100", "h100", "h200", "b200", "l40", "a10", "t4")
+
+
+def device_warnings(trace: TraceProfile, cluster: str | None, fit_device: str, compute_s: float | None) -> list[str]:
+    """Warnings where the traced device is not the one predicted for: a GPU other than the cluster's, or a
+    CUDA trace with a fit of CPU all-reduces (a CPU trace on a GPU cluster is warned about elsewhere)."""
+    if compute_s is not None or trace.device != "cuda":
+        return []
+    if cluster is None:
+        if fit_device == "cpu":
+            return [f"a CUDA trace ({trace.gpu or 'a GPU'}) predicted with this machine's CPU all-reduce fit "
+                    "(--device cpu): pass --device cuda --backend nccl for a GPU fit, or --cluster"]
+        return []
+    from experiments.perfmodel.comm import CLUSTERS
+
+    described = f"{cluster} {CLUSTERS[cluster].source}".lower() if cluster in CLUSTERS else cluster.lower()
+    families = [f for f in GPU_FAMILIES if f in described]
+    traced = (trace.gpu or "").lower()
+    if families and not any(f in traced for f in families):
+        return [f"the trace is of {trace.gpu or 'an unnamed GPU'}, the cluster --cluster={cluster} has "
+                f"{'/'.join(f.upper() for f in families)}: the compute times are the traced GPU's; pass --compute-s "
+                "with that GPU's seconds per iteration, or trace on it"]
+    return []
 
 
 def _iterations(cpu: list[_Ev]) -> list[tuple[str, float, float]]:
