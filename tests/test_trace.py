@@ -256,3 +256,16 @@ def test_compute_s_scales_the_traced_compute_and_leaves_other_as_it_is(tmp_path,
     compute = row["forward_ms"] + row["backward_ms"] + row["tail_ms"] + row["optimizer_ms"]
     assert compute == pytest.approx(11.0, rel=0.01)  # 5.5 ms traced, doubled (forward includes a broadcast)
     assert row["other_ms"] == pytest.approx(3.5)  # data loading does not get faster on another device
+
+
+@pytest.mark.parametrize("ranks, warned", [(4, True), (1, False)])
+def test_a_trace_made_under_ddp_with_other_ranks_is_warned_about(cpu_trace, tmp_path, capsys, ranks, warned):
+    data = json.loads(cpu_trace[0].read_text())
+    data["distributedInfo"] = {"backend": "gloo", "rank": 0, "world_size": ranks}
+    step = next(e for e in data["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    data["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "gloo:all_reduce", "pid": step["pid"],
+                                "tid": step["tid"], "ts": step["ts"] + 1, "dur": 1, "args": {}})
+    path = tmp_path / "ddp.json"
+    path.write_text(json.dumps(data))
+    assert main(["predict", "--trace", str(path), "--cluster", "paper-v100-nccl", "--compute-s", "0.01"]) == 0
+    assert ("traced under DDP with 4 ranks" in capsys.readouterr().err) == warned

@@ -163,7 +163,7 @@ def read_trace(path: Path, name: str | None = None) -> TraceProfile:
         warnings.append(f"{len(parsed) - len(kept)} traced iteration(s) with another set of gradients left out")
     if len(kept) < 3:
         warnings.append(f"only {len(kept)} whole iteration(s) traced; 5 give steadier medians")
-    warnings += _comm_warnings(events)
+    warnings += _comm_warnings(events, top)
     rows = [it for _, it in kept]
 
     def med(key):
@@ -356,13 +356,15 @@ class _GpuTimes:
         return max((t for ts, _, _, t in self.work if ts <= cpu_time), default=0.0)
 
 
-def _comm_warnings(events: list[_Ev]) -> list[str]:
-    """A warning where the traced process already all-reduced with other ranks (its backward includes waits)."""
-    comm = [e for e in events if e.cat == "cpu_op" and ("all_reduce" in e.name or "allreduce" in e.name)
-            and e.name.startswith(("gloo:", "nccl:", "c10d::", "record_param_comms"))]
-    if comm:
-        return ["the trace holds all-reduces (traced under DDP with other ranks?): its backward may include "
-                "communication; a trace at world size 1 or without DDP gives compute alone"]
+def _comm_warnings(events: list[_Ev], top: dict) -> list[str]:
+    """A warning where the traced process all-reduced with other ranks: its backward includes their waits.
+    (DDP at world size 1 all-reduces too, with itself: nothing to warn about.)"""
+    ranks = (top.get("distributedInfo") or {}).get("world_size")
+    comm = any(e.cat == "cpu_op" and ("all_reduce" in e.name or "allreduce" in e.name) for e in events)
+    if comm and ranks != 1:
+        among = f"with {ranks} ranks" if ranks else "with other ranks?"
+        return [f"the trace holds all-reduces (traced under DDP {among}): its backward includes communication "
+                "and waiting for the other ranks; a trace at world size 1 or without DDP gives compute alone"]
     return []
 
 
