@@ -6,6 +6,8 @@
     ddpbench predict --profile P.jsonl --model resnet50 --allreduce results/runs/<machine> --world-size 2
     ddpbench tune-bucket --profile P.jsonl --model bert-base --cluster paper-v100-nccl --world-size 32
     ddpbench tune-bucket --profile P.jsonl --model resnet50 --allreduce results/runs/<machine> --link 2.5gbit
+    ddpbench predict --trace my_loop.json --allreduce results/runs/<machine> --world-size 2   # docs/trace.md
+    ddpbench tune-bucket --trace my_loop.json --cluster paper-v100-nccl --world-size 32
     ddpbench scale-profile --profile P.jsonl --model resnet50,bert-base --gpu v100 --out V100.jsonl
 """
 from __future__ import annotations
@@ -83,8 +85,12 @@ def run(configs: list[RunConfig], args: argparse.Namespace) -> dict:
 
 def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
     """Options shared by `predict` and `tune-bucket`."""
-    parser.add_argument("--profile", type=Path, required=True, help="profile records (file or folder)")
-    parser.add_argument("--model", required=True, help="the profiled model to predict (its --model spec)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--profile", type=Path, help="profile records (file or folder)")
+    source.add_argument("--trace", type=Path, help="a torch.profiler trace (JSON, record_shapes=True) of your own "
+                        "training loop, one process, a few iterations (docs/trace.md)")
+    parser.add_argument("--model", help="with --profile: the profiled model to predict (its --model spec); "
+                        "with --trace: a name for it (default: the file's name)")
     parser.add_argument("--model-config", dest="model_config",
                         help="pick the profile with this --model-config (default: the newest profile of the model)")
     parser.add_argument("--amp", help="pick the profile with this --amp (default: the newest profile of the model)")
@@ -115,6 +121,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
 
 def chosen_profile(args: argparse.Namespace) -> Profile:
     """The newest profile of --model measured as --colocated copies (narrowed by any input options given)."""
+    if args.model is None:
+        raise ConfigError("--model is required with --profile (the profiled model to predict)")
     try:
         records = read_records(args.profile)
     except FileNotFoundError as error:
@@ -142,11 +150,33 @@ def chosen_profile(args: argparse.Namespace) -> Profile:
                 f"; add --colocated with one of {', '.join(map(str, counts))}") if counts else ""
         raise ConfigError(f"--profile={str(args.profile)!r} holds no profile of --model={args.model!r} with {asked}; "
                           f"it has: {', '.join(found) or 'none'}{hint} (make one with `ddpbench profile`)")
-    profile = Profile.from_record(matches[-1])
-    if args.compute_s is None:
+    return scaled_to_compute(Profile.from_record(matches[-1]), args.compute_s)
+
+
+def scaled_to_compute(profile: Profile, compute_s: float | None) -> Profile:
+    """`profile` scaled so that one synchronised iteration computes for `compute_s` seconds (if given)."""
+    if compute_s is None:
         return profile
-    check_positive("compute-s", args.compute_s)
-    return profile.scaled(args.compute_s / profile.compute)
+    check_positive("compute-s", compute_s)
+    return profile.scaled(compute_s / profile.compute)
+
+
+def traced_profile(args: argparse.Namespace):
+    """The trace of --trace read as a profile, scaled by --compute-s: compute (earlier micro-batches too)
+    scales, `other` (data loading, the user's own work) stays as traced - another device does not change it."""
+    from experiments.perfmodel.trace import read_trace
+
+    picked = [f"--{k.replace('_', '-')}" for k in ("model_config", "amp", "batch_size", "image_size", "seq_len",
+                                                   "threads", "colocated") if getattr(args, k, None) is not None]
+    if picked:
+        raise ConfigError(f"{', '.join(picked)} pick among profile records; with --trace the trace is the one profile "
+                          "(drop them, or trace your loop with the inputs you want)")
+    trace = read_trace(args.trace, args.model)
+    if args.compute_s is not None:
+        scaled = scaled_to_compute(trace.profile, args.compute_s)
+        factor = scaled.compute / trace.profile.compute
+        trace = dataclasses.replace(trace, profile=scaled, accumulate=trace.accumulate * factor)
+    return trace
 
 
 def schedules(args: argparse.Namespace) -> list[Schedule]:
@@ -171,9 +201,15 @@ def main(args: argparse.Namespace) -> int:
     """`predict` and `tune-bucket`: print predictions (and the recommended cap); 2 on bad input."""
     import sys
 
+    trace = None
     try:
         comm = comm_model(args.cluster, args.allreduce, args.link, args.ranks_per_host, args.backend, args.device)
-        profile, plans = chosen_profile(args), schedules(args)
+        if args.trace is not None:
+            trace = traced_profile(args)
+            profile = trace.profile
+        else:
+            profile = chosen_profile(args)
+        plans = schedules(args)
         if args.command == "tune-bucket" and len({(s.world_size, s.sync_every, s.process_groups, s.overlap)
                                                  for s in plans}) > 1:
             raise ConfigError("tune-bucket takes one value each of --world-size, --sync-every, --process-groups "
@@ -181,21 +217,38 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return 2
-    for warning in profile_warnings(profile, args.cluster, args.compute_s):
+    warnings = profile_warnings(profile, args.cluster, args.compute_s)
+    if trace is not None:
+        from experiments.perfmodel.trace import device_warnings
+
+        warnings += device_warnings(trace, args.cluster, args.device, args.compute_s) + trace.warnings
+    for warning in warnings:
         print(f"ddpbench {args.command}: warning: {warning}", file=sys.stderr)
-    rows = predict_rows(profile, comm, plans)
+    rows = predict_rows(profile, comm, plans, None if trace is None else trace.other + trace.accumulate)
     result = {"model": profile.model, "profile": profile.config, "network": comm.name, "source": comm.source,
               "predictions": rows}
     if args.command == "tune-bucket":
         near = [row["bucket_mb"] for row in near_best(rows)]
         result["recommended_bucket_mb"] = near[0]
         result["near_best_bucket_mb"] = near
+    if trace is not None:
+        result["trace"] = trace_summary(trace, comm, plans, result.get("recommended_bucket_mb"))
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
     print(f"{profile.model} on {comm.name} (model prediction; {comm.source})")
-    print(describe_profile(profile, args.profile, args.compute_s))
+    if trace is not None:
+        from experiments.perfmodel.trace import describe
+
+        print(describe(trace, args.trace))
+    else:
+        print(describe_profile(profile, args.profile, args.compute_s))
     print(format_rows(rows))
+    if trace is not None:
+        for shown in result["trace"]["buckets"]:
+            print(f"buckets at {shown['world_size']} ranks, cap {shown['bucket_mb']:g} MB "
+                  f"(overlap {'on' if shown['overlap'] else 'off'}):")
+            print("\n".join(shown["lines"]))
     if args.command == "tune-bucket":
         also = ""
         if len(near) > 1:
@@ -203,6 +256,26 @@ def main(args: argparse.Namespace) -> int:
                     f"{TOLERANCE:.0%} of the best; the smallest starts communicating earliest)")
         print(f"recommended --bucket-mb {near[0]:g}{also}")
     return 0
+
+
+def trace_summary(trace, comm, plans: list[Schedule], recommended: float | None) -> dict:
+    """The trace's phases and, per distinct schedule shown (tune-bucket: the recommended cap), each bucket
+    and the gradient it waits for."""
+    from experiments.perfmodel.simulate import buckets_of, simulate
+    from experiments.perfmodel.trace import bucket_lines
+
+    shown = [s for s in plans if recommended is None or s.bucket_mb == recommended][:4]  # a few, not a wall of text
+    buckets = []
+    for plan in shown:
+        prediction = simulate(trace.profile, comm, plan)
+        groups = buckets_of(trace.profile, plan.bucket_mb, plan.first_bucket_mb)
+        buckets.append({"world_size": plan.world_size, "bucket_mb": plan.bucket_mb, "overlap": plan.overlap,
+                        "lines": bucket_lines(trace, prediction.buckets, groups),
+                        "waits_for": [max(g, key=trace.profile.ready.__getitem__) for g in groups]})
+    return {"steps": trace.steps, "device": trace.device, "iteration_ms": trace.iteration * 1e3,
+            "other_ms": trace.other * 1e3, "data_ms": trace.data * 1e3, "accumulate_ms": trace.accumulate * 1e3,
+            "gradients": [{"shape": list(g.shape), "dtype": g.dtype, "bytes": g.nbytes} for g in trace.gradients],
+            "warnings": trace.warnings, "buckets": buckets}
 
 
 def add_scale_arguments(parser: argparse.ArgumentParser) -> None:

@@ -33,13 +33,16 @@ def comm_model(cluster: str | None, allreduce: Path | None, link: str = "none", 
     return machine if link == "none" else emulated(machine, link, parse_rate(link), ranks_per_host)
 
 
-def predict_rows(profile: Profile, comm: CommModel, plans: list[Schedule]) -> list[dict]:
-    """One row per schedule: the prediction in milliseconds and its breakdown."""
+def predict_rows(profile: Profile, comm: CommModel, plans: list[Schedule], other: float | None = None) -> list[dict]:
+    """One row per schedule: the prediction in milliseconds and its breakdown. `other`: seconds per
+    iteration that are neither compute DDP overlaps nor communication (a trace's data loading and the
+    user's own work); added as it is, since DDP neither hides nor lengthens it."""
     rows = []
     for plan in plans:
         prediction = simulate(profile, comm, plan)
-        rows.append({**dataclasses.asdict(plan), "latency_ms": prediction.latency * 1e3,
-                     **{f"{k}_ms": v * 1e3 for k, v in prediction.breakdown.items()},
+        extra = {} if other is None else {"other_ms": other * 1e3}
+        rows.append({**dataclasses.asdict(plan), "latency_ms": (prediction.latency + (other or 0.0)) * 1e3,
+                     **{f"{k}_ms": v * 1e3 for k, v in prediction.breakdown.items()}, **extra,
                      "buckets": len(prediction.buckets)})
     return rows
 
@@ -93,10 +96,11 @@ def format_rows(rows: list[dict]) -> str:
     """A plain-text table of prediction rows."""
     header = (f"{'ranks':>6} {'cap MB':>7} {'overlap':>7} {'every':>5} {'groups':>6} {'buckets':>7} "
               f"{'latency ms':>10} {'fwd':>7} {'bwd':>7} {'comm':>7} {'tail':>6} {'opt':>6}")
-    lines = [header]
+    other = any("other_ms" in r for r in rows)  # a trace's data loading and the user's own work
+    lines = [header + (f" {'other':>7}" if other else "")]
     for r in rows:
         lines.append(f"{r['world_size']:>6} {r['bucket_mb']:>7g} {'on' if r['overlap'] else 'off':>7} "
                      f"{r['sync_every']:>5} {r['process_groups']:>6} {r['buckets']:>7} {r['latency_ms']:>10.2f} "
                      f"{r['forward_ms']:>7.2f} {r['backward_ms']:>7.2f} {r['exposed_comm_ms']:>7.2f} "
-                     f"{r['tail_ms']:>6.2f} {r['optimizer_ms']:>6.2f}")
+                     f"{r['tail_ms']:>6.2f} {r['optimizer_ms']:>6.2f}" + (f" {r['other_ms']:>7.2f}" if other else ""))
     return "\n".join(lines)
