@@ -23,7 +23,15 @@ from tqdm import tqdm
 
 from experiments.core.config import RunConfig
 from experiments.core.machine import environment, under_torchrun
-from experiments.core.records import LATER_FIELDS, RUN_PHASES, SchemaError, append_record, config_key, recorded_keys
+from experiments.core.records import (
+    LATER_FIELDS,
+    RUN_PHASES,
+    RecordWriteError,
+    SchemaError,
+    append_record,
+    config_key,
+    recorded_keys,
+)
 from experiments.core.stats import slowest_rank_per_cycle, summarize
 from experiments.emulate import network
 from experiments.measure.harness import measure
@@ -146,7 +154,7 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
                         record["env"]["network"] = network.describe(
                             shaped, network.hosts_needed(world_size, ranks_per_host))
                         record["env"]["network"].update(emulated_link=link, time_dilation=dilation)
-                    append_record(out, record)
+                    record_or_exit(out, record, kind)
                     if on_record is not None and per_rank is not None:
                         on_record(job, record, per_rank)
                     counts[record["status"]] += 1
@@ -159,6 +167,19 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
     finally:
         bar.close()
     return counts
+
+
+def record_or_exit(out: Path, record: dict, command: str) -> None:
+    """Append `record` to `out`; if it cannot be written (a full disk), end with one line and status 1.
+
+    The records written before stay intact (append_record truncates a partial write back), so a run
+    with --resume after freeing space continues where this one stopped.
+    """
+    try:
+        append_record(out, record)
+    except RecordWriteError as error:
+        # Going on would measure configs whose records are lost, and exit 0 as if all were kept.
+        raise SystemExit(f"ddpbench {command}: error: {error}") from None
 
 
 def warn_already_recorded(jobs: list, out: Path) -> None:
@@ -239,7 +260,7 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
         dist.all_gather_object(gathered, local)
         if rank == 0:
             record = {**make_record(config, gathered, time.perf_counter() - started), "env": env}
-            append_record(out, record)
+            record_or_exit(out, record, "run")
             if trace_dir is not None:
                 write_trace(trace_dir, config, gathered)
             echo(f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}] {summary_line(record, varying)}")

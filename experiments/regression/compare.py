@@ -16,27 +16,48 @@ The verdict:
 - unchanged: the whole interval lies within the threshold;
 - not significant: anything else (too noisy to say).
 Exit status: 1 if any config is slower, 0 otherwise, 2 on bad input.
+
+Being a gate, compare reads strictly: a line that is not a record, or a successful run record without
+`config` or `latency_s`, or with a latency that is not a finite number above 0, is bad input (exit 2,
+naming file and line), never skipped, since a verdict from what is left could pass a slowdown. Only a
+torn last line (a crash's) is skipped with a warning, as every reader does.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import warnings
 from pathlib import Path
 
 from experiments.core.config import ConfigError
-from experiments.core.records import SchemaError, config_key, read_records
+from experiments.core.records import RecordError, RecordWarning, config_key, numbered_records
 from experiments.core.stats import paired_ratio, ratio_of_medians
 
 MARKS = {"slower": "+", "faster": "-", "unchanged": " ", "not significant": "~"}
 MIN_PAIRED_ROUNDS = 3  # fewer shared rounds than this: pool the samples instead
 
 
-def pooled_samples(path: Path | list[dict]) -> dict[str, dict]:
+def pooled_samples(path: Path | list[dict], strict: bool = True) -> dict[str, dict]:
     """Successful run records (a file, folder or list of records) by config key: the latency samples of
-    repeated records pooled, and each tagged round's samples under (session, index)."""
+    repeated records pooled, and each tagged round's samples under (session, index).
+
+    `strict` (the gate): a line that is not a record, or a run record that cannot be compared (see
+    `problem`), raises RecordError naming file and line. Otherwise (history's table) it is skipped with
+    a warning. A torn last line is skipped with a warning either way.
+    """
     pooled: dict[str, dict] = {}
-    for record in read_records(path) if isinstance(path, Path) else path:
+    numbered = numbered_records(path, strict=strict) if isinstance(path, Path) else \
+        (("the records", number, record) for number, record in enumerate(path, start=1))
+    for file, number, record in numbered:
+        wrong = problem(record)
+        if wrong is not None:
+            if strict:
+                raise RecordError(f"{file}:{number}: {wrong}")
+            warnings.warn(f"{file}:{number}: skipping a record that cannot be compared: {wrong}", RecordWarning,
+                          stacklevel=2)
+            continue
         if record.get("kind") != "run" or record.get("status") != "ok":
             continue
         entry = pooled.setdefault(config_key(record["config"]),
@@ -46,6 +67,42 @@ def pooled_samples(path: Path | list[dict]) -> dict[str, dict]:
             tag = (record["round"]["session"], record["round"]["index"])
             entry["rounds"].setdefault(tag, []).extend(record["latency_s"])
     return pooled
+
+
+# What the table names a config by (see describe): a record must have them to be compared.
+NAMED_FIELDS = ("model", "impl", "backend", "world_size", "bucket_mb", "sync_every", "process_groups", "comm_hook")
+
+
+def problem(record) -> str | None:
+    """Why a record cannot be compared (a successful run record with a missing or impossible field), or None.
+
+    Records of other kinds, and failed runs, are not compared, so only their `kind` is checked.
+    """
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if not isinstance(record.get("kind"), str):
+        return "no `kind`"
+    if record["kind"] != "run" or record.get("status") != "ok":
+        return None
+    config = record.get("config")
+    if not isinstance(config, dict):
+        return "a successful run record without `config`"
+    missing = [field for field in NAMED_FIELDS if field not in config]
+    if missing:
+        return f"`config` lacks {', '.join(missing)}"
+    latency = record.get("latency_s")
+    if not isinstance(latency, list) or not latency:
+        return "a successful run record without `latency_s` samples"
+    for i, value in enumerate(latency):
+        # (bool is an int to Python, and no latency)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"latency_s[{i}] is {value!r}, not a number"
+        if not math.isfinite(value) or value <= 0:
+            return f"latency_s[{i}] is {value!r}; a latency must be a finite number of seconds above 0"
+    tag = record.get("round")
+    if tag is not None and not (isinstance(tag, dict) and "session" in tag and "index" in tag):
+        return f"`round` is {tag!r}, not {{\"session\": ..., \"index\": ...}}"
+    return None
 
 
 def compare_samples(a: dict, b: dict, threshold: float, confidence: float) -> dict:
@@ -79,9 +136,12 @@ def verdict(ratio: float, ci: list[float], threshold: float, paired: bool) -> st
 
 
 def compare(base: Path | list[dict], new: Path | list[dict], threshold: float = 0.05,
-            confidence: float = 0.99) -> list[dict]:
-    """One row per config present in both: medians, ratio, its interval, how it was paired, the verdict."""
-    before, after = pooled_samples(base), pooled_samples(new)
+            confidence: float = 0.99, strict: bool = True) -> list[dict]:
+    """One row per config present in both: medians, ratio, its interval, how it was paired, the verdict.
+
+    `strict` (the gate's default) refuses records it cannot trust (RecordError); see pooled_samples.
+    """
+    before, after = pooled_samples(base, strict), pooled_samples(new, strict)
     common = sorted(set(before) & set(after))
     if not common:
         names = [str(side) if isinstance(side, Path) else "the records" for side in (base, new)]
@@ -140,7 +200,7 @@ def main(args: argparse.Namespace) -> int:
             if not getattr(args, name).exists():
                 raise ConfigError(f"{name}: {str(getattr(args, name))!r} does not exist")
         rows = compare(args.base, args.new, args.threshold, args.confidence)
-    except (ConfigError, SchemaError) as error:
+    except (ConfigError, RecordError) as error:  # (RecordError includes SchemaError)
         print(f"ddpbench compare: error: {error}", file=sys.stderr)
         return 2
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))

@@ -8,15 +8,16 @@ odd ones, so that neighbours run back to back and compare pairs them round by ro
 Records: results/history/<machine>/<preset>/<commit>.jsonl, one file per commit (full hash): the
 preset's run records of each round (tagged `"round": {"session", "index"}`, `env.git_commit` is the
 commit), then a closing record `{"kind": "history", "status": "ok" | "failed", "commit", "preset",
-"rounds", "session", "error"}`. A commit with a closing record is skipped; a file without one (an
-interrupted run) is measured again. A commit that cannot run the preset (older than the runner, or
+"rounds", "session", "error"}`. A commit with a closing record is skipped; a file without one is
+measured again. A measurement is written to `<commit>.jsonl.partial` and replaces the commit's file
+only when complete, so an interrupted one leaves the earlier file as it was. A commit that cannot run the preset (older than the runner, or
 broken) is recorded as failed after its first failing round.
 
 Then, for all the given commits: a table (results/tables/history-<machine>.csv) and a figure
 (results/figures/history-<machine>.png; `-<preset>` added for presets other than smoke) of the median
 latency per config with its interquartile range, and compare's verdict of each commit against the
 previous successfully measured one marked; with `--html DIR`, also a static page (page.py).
-Exit status: 0, or 2 on bad input.
+Exit status: 0, 1 if a record cannot be written (a full disk), or 2 on bad input.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import numpy as np
 from experiments.core.config import ConfigError
 from experiments.core.git import commits_in_range, git, resolve_commit
 from experiments.core.machine import machine_name
-from experiments.core.records import append_record, read_records
+from experiments.core.records import RecordWriteError, append_record, read_records
 from experiments.regression.ab import PRESETS, QUIET, QUIET_RETRIES, preset_args, run_round, worktrees
 from experiments.regression.compare import MARKS, check_verdict_options, compare, describe, pooled_samples
 
@@ -81,33 +82,44 @@ def closing_record(path: Path, preset: str) -> dict | None:
 
 def measure(commits: list[str], folder: Path, preset: str, rounds: int, repo: Path,
             retries: int = QUIET_RETRIES) -> None:
-    """Run the preset on every commit that has no complete record yet, interleaved over rounds."""
+    """Run the preset on every commit that has no complete record yet, interleaved over rounds.
+
+    A commit's new records go to `<commit>.jsonl.partial` beside its file, which replaces the file only
+    once the closing record is in: an interrupted re-measure leaves the earlier records as they were,
+    and no file that counts as complete (readers and closing_record look at *.jsonl only).
+    """
     pending = [c for c in commits if closing_record(folder / f"{c}.jsonl", preset) is None]
     if not pending:
         return
     folder.mkdir(parents=True, exist_ok=True)
-    for commit in pending:
-        (folder / f"{commit}.jsonl").unlink(missing_ok=True)  # an interrupted run: start it afresh
+    partial = {c: folder / f"{c}.jsonl.partial" for c in pending}
+    for path in partial.values():
+        path.unlink(missing_ok=True)  # left by a run killed outright: start it afresh
     session = f"history-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     failed: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="ddpbench-history-") as tmp:
-        with worktrees(repo, {c: c for c in pending}, Path(tmp)) as trees:
-            for index in range(rounds):
-                for commit in pending if index % 2 == 0 else pending[::-1]:
-                    if commit in failed:
-                        continue
-                    print(f"history round {index + 1}/{rounds}: {commit[:10]}", file=sys.stderr, flush=True)
-                    error = run_round(trees[commit], preset, folder / f"{commit}.jsonl",
-                                      {"session": session, "index": index}, retries=retries)
-                    if error:
-                        print(f"history: {commit[:10]} cannot run the {preset} preset; recorded as failed",
-                              file=sys.stderr, flush=True)
-                        failed[commit] = error
-    for commit in pending:
-        append_record(folder / f"{commit}.jsonl", {
-            "kind": "history", "status": "failed" if commit in failed else "ok", "commit": commit,
-            "preset": preset, "args": preset_args(preset), "rounds": rounds, "session": session,
-            "error": failed.get(commit)})
+    try:
+        with tempfile.TemporaryDirectory(prefix="ddpbench-history-") as tmp:
+            with worktrees(repo, {c: c for c in pending}, Path(tmp)) as trees:
+                for index in range(rounds):
+                    for commit in pending if index % 2 == 0 else pending[::-1]:
+                        if commit in failed:
+                            continue
+                        print(f"history round {index + 1}/{rounds}: {commit[:10]}", file=sys.stderr, flush=True)
+                        error = run_round(trees[commit], preset, partial[commit],
+                                          {"session": session, "index": index}, retries=retries)
+                        if error:
+                            print(f"history: {commit[:10]} cannot run the {preset} preset; recorded as failed",
+                                  file=sys.stderr, flush=True)
+                            failed[commit] = error
+        for commit in pending:
+            append_record(partial[commit], {
+                "kind": "history", "status": "failed" if commit in failed else "ok", "commit": commit,
+                "preset": preset, "args": preset_args(preset), "rounds": rounds, "session": session,
+                "error": failed.get(commit)})
+            os.replace(partial[commit], folder / f"{commit}.jsonl")  # complete: now it counts
+    finally:
+        for path in partial.values():  # interrupted: what was measured so far is not a result
+            path.unlink(missing_ok=True)
 
 
 def table_rows(commits: list[str], folder: Path, repo: Path, preset: str, threshold: float,
@@ -127,10 +139,11 @@ def table_rows(commits: list[str], folder: Path, repo: Path, preset: str, thresh
         verdicts = {}
         if previous is not None:
             try:
-                verdicts = {describe(r["config"]): r for r in compare(previous, path, threshold, confidence)}
+                verdicts = {describe(r["config"]): r
+                            for r in compare(previous, path, threshold, confidence, strict=False)}
             except ConfigError:
                 pass  # no configs in common: nothing to compare
-        for entry in pooled_samples(path).values():
+        for entry in pooled_samples(path, strict=False).values():  # unreadable lines: skipped, with a warning
             name = describe(entry["config"])
             q25, q50, q75 = np.percentile(entry["samples"], [25, 50, 75]) * 1e3
             row = {**base, "config": name, "n": len(entry["samples"]), "rounds": len(entry["rounds"]),
@@ -213,7 +226,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
     machine = machine_name()
     folder = args.results / "history" / machine / args.preset
-    measure(commits, folder, args.preset, rounds, args.repo, args.busy_retries)
+    try:
+        measure(commits, folder, args.preset, rounds, args.repo, args.busy_retries)
+    except RecordWriteError as error:  # a full disk: the earlier records of every commit are as they were
+        print(f"ddpbench history: error: {error}", file=sys.stderr)
+        return 1
     rows = table_rows(commits, folder, args.repo, args.preset, args.threshold, args.confidence)
     suffix = "" if args.preset == "smoke" else f"-{args.preset}"
     table = args.results / "tables" / f"history-{machine}{suffix}.csv"
