@@ -18,10 +18,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.core.machine import machine_name  # noqa: E402
-from experiments.core.records import RUN_PHASES, load_records
+from experiments.core.records import RUN_PHASES, load_records, show_record_warnings_as_lines
 from experiments.core.stats import cycle_means  # noqa: E402,F401  (the analysis scripts use it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
+show_record_warnings_as_lines()  # a skipped record line reads as one line naming its file
 PHASES = list(RUN_PHASES)  # the figures stack them in this order
 # Experiments whose records are training iterations (kind "run"); E1 and E6 have kinds of their own.
 RUN_EXPERIMENTS = ["e2_overlap", "e3_bucket_size", "e4_scaling", "e5_skip_sync", "e7_round_robin"]

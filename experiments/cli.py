@@ -25,6 +25,7 @@ from experiments.core.config import (
     parse_list,
     to_argv,
 )
+from experiments.core.records import show_record_warnings_as_lines
 from experiments.measure import plans
 from experiments.measure.configs import check_network_available, resolve_grid
 from experiments.measure.workloads import WORKLOADS
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # argparse would print the top-level usage; the sub-command's says what it takes
         args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    show_record_warnings_as_lines()
     # A polite kill (SIGTERM) unwinds like Ctrl-C, so ranks and emulated networks are removed on the way out.
     signal.signal(signal.SIGTERM, _terminate)
     from experiments.measure import allreduce, train

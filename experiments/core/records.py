@@ -47,17 +47,18 @@ class RecordWarning(UserWarning):
     """Something in a record file was skipped or set aside; shown as one line."""
 
 
-_format_other_warnings = warnings.formatwarning
+def show_record_warnings_as_lines() -> None:
+    """Print RecordWarnings as one line naming the record file (`ddpbench: warning: FILE:LINE: ...`),
+    without the reader's source line; other warnings as before. The command line calls it once."""
+    other = warnings.formatwarning
 
+    def one_line(message, category, filename, lineno, line=None):
+        if issubclass(category, RecordWarning):
+            return f"ddpbench: warning: {message}\n"
+        return other(message, category, filename, lineno, line)
 
-def _format_warning(message, category, filename, lineno, line=None):
-    # One line that names the record file, without the (irrelevant) source line of the reader.
-    if issubclass(category, RecordWarning):
-        return f"ddpbench: warning: {message}\n"
-    return _format_other_warnings(message, category, filename, lineno, line)
-
-
-warnings.formatwarning = _format_warning
+    if getattr(warnings.formatwarning, "__name__", "") != "one_line":
+        warnings.formatwarning = one_line
 
 
 def append_record(path: Path, record: dict) -> None:
