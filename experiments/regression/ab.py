@@ -26,7 +26,7 @@ from pathlib import Path
 from experiments.core.config import ConfigError, to_argv
 from experiments.core.git import add_worktree, git, prune_worktrees, remove_worktree, resolve_commit
 from experiments.core.machine import cpu_seconds, other_cores_busy
-from experiments.core.records import SchemaError, append_record, config_key, read_records
+from experiments.core.records import RecordError, SchemaError, append_record, config_key, read_records
 from experiments.emulate import network
 from experiments.regression import interleaved
 from experiments.regression.compare import MIN_PAIRED_ROUNDS, check_verdict_options, compare, format_table
@@ -269,13 +269,20 @@ def main(args: argparse.Namespace) -> int:
                 for name in ("base", "head") if index % 2 == 0 else ("head", "base"):
                     print(f"ab round {index + 1}/{rounds}: {name} ({revisions[name][:10]})", file=sys.stderr,
                           flush=True)
-                    error = run_round(trees[name], args.preset, out_dir / f"{name}.jsonl",
-                                      {"session": session, "index": index}, retries=retries)
+                    try:
+                        error = run_round(trees[name], args.preset, out_dir / f"{name}.jsonl",
+                                          {"session": session, "index": index}, retries=retries)
+                    except OSError as failure:  # the disk filled up: one line, and not "slower"
+                        error = str(failure)
                     if error:
                         print(f"ddpbench ab: the {name} revision ({revisions[name][:10]}) cannot run the "
                               f"{args.preset} preset: {error}", file=sys.stderr)
                         return 2
-        rows = compare(out_dir / "base.jsonl", out_dir / "head.jsonl", threshold, args.confidence)
+        try:  # exit 1 would read as "slower": a record that cannot be read is a failure, 2
+            rows = compare(out_dir / "base.jsonl", out_dir / "head.jsonl", threshold, args.confidence)
+        except RecordError as error:
+            print(f"ddpbench ab: error: {error}", file=sys.stderr)
+            return 2
         other = other_load([out_dir / "base.jsonl", out_dir / "head.jsonl"])
     seconds = time.monotonic() - started
     how = f"{rounds} rounds" if args.interleave == "processes" else "interleaved iteration by iteration"
