@@ -304,3 +304,31 @@ def test_an_interrupted_history_remeasure_leaves_the_earlier_records_untouched(t
     assert [r["kind"] for r in got] == ["run", "run", "history"] and got[0]["config"]["bucket_mb"] == 2.0
     assert history.closing_record(old, "smoke")["status"] == "ok"
     assert sorted(p.name for p in folder.iterdir()) == [old.name]
+
+
+def _tiny_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "file.txt").write_text("x\n")
+    for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+        subprocess.run(["git", *command], cwd=repo, check=True)
+    return repo
+
+
+@pytest.mark.parametrize("failure", ["full disk", "bad record"])
+def test_ab_that_cannot_write_or_read_its_records_exits_2_not_1(tmp_path, monkeypatch, capsys, failure):
+    from experiments.regression import ab
+
+    def broken_round(tree, preset, out, tag, retries=0):
+        if failure == "full disk":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        out.write_text(json.dumps({"schema_version": 2, "kind": "run", "status": "ok", "round": tag,
+                                   "config": {"model": "m"}, "latency_s": [float("nan")]}) + "\n")
+        return None
+
+    monkeypatch.setattr(ab, "run_round", broken_round)
+    status = main(["ab", "HEAD", "HEAD", "--interleave", "processes", "--rounds", "3", "--repo",
+                   str(_tiny_repo(tmp_path))])
+    assert status == 2  # 1 would tell a CI gate "slower"
+    err = capsys.readouterr().err
+    assert ("No space left on device" if failure == "full disk" else "base.jsonl:1") in err
