@@ -16,10 +16,12 @@ from ddp_core.hooks import HOOKS
 from experiments.args import EXIT_BAD_INPUT, MAX_TIMEOUT_S, check_folder, check_output, check_timeout
 from experiments.core.config import (
     BACKENDS,
+    COMPILE_MODES,
     COMPUTE,
     DEVICES,
     IMPLS,
     LIST_PARAMS,
+    TORCH_HOOKS,
     ConfigError,
     RunConfig,
     parse_list,
@@ -33,7 +35,9 @@ from experiments.measure.workloads.spec import MODEL_HELP
 
 # The allowed values of the `run` lists that take names, shown in --help.
 ALLOWED = {"model": [*sorted(WORKLOADS), MODEL_HELP], "amp": ["none", "bf16", "fp16 (CUDA)"], "impl": list(IMPLS),
-           "comm_hook": ["none", *HOOKS], "backend": list(BACKENDS), "device": list(DEVICES), "compute": list(COMPUTE)}
+           "comm_hook": ["none", *HOOKS, *TORCH_HOOKS], "backend": list(BACKENDS), "device": list(DEVICES),
+           "compute": list(COMPUTE), "compile": list(COMPILE_MODES),
+           **{name: ["false", "true"] for name in ("find_unused_parameters", "static_graph", "bucket_view")}}
 DEFAULT_BY_HARDWARE = {"backend": "nccl with GPUs, else gloo", "device": "cuda with GPUs, else cpu",
                        "threads": "the cores shared among the ranks"}
 
@@ -47,7 +51,8 @@ def _add_list_params(parser: argparse.ArgumentParser, names: list[str]) -> None:
         if name == "model_config":
             allowed = (" key=value pairs for --model (configuration fields of transformers:, builder keywords of "
                        "torchvision: and of a user file's build_model); several configurations separated by ';'")
-        default = DEFAULT_BY_HARDWARE.get(name, repr(getattr(defaults, name)))
+        value = getattr(defaults, name)
+        default = DEFAULT_BY_HARDWARE.get(name, str(value).lower() if isinstance(value, bool) else repr(value))
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="LIST",
                             help=f"comma-separated{allowed}; default {default}")
 

@@ -53,11 +53,28 @@ class RunConfig:
     compute: str = "real"  # `emulated`: a stand-in waits for the times of --compute-profile (workloads/emulated.py)
     compute_profile: str = ""  # a `ddpbench profile` record file; used by emulated configs only
     time_dilation: float = 1.0  # K: links at rate / K and emulated compute K times longer; records undilate
+    # --- DDP's own options, for both implementations ---
+    find_unused_parameters: bool = False  # search the autograd graph for parameters that get no gradient
+    static_graph: bool = False  # the same parameters get gradients in the same order every iteration
+    bucket_view: bool = False  # gradient_as_bucket_view: gradients are views into the buckets (no copy)
+    compile: str = "none"  # torch.compile of the DDP-wrapped model: none or a mode (default, max-autotune, ...)
+    powersgd_rank: int = 1  # with --comm-hook powersgd: the rank of PowerSGD's low-rank approximation
 
 
 # Parameters the CLI accepts as comma-separated lists, with their element types (model_hash: derived).
 LIST_PARAMS = {f.name: f.type for f in fields(RunConfig) if f.name != "model_hash"}
-_TYPES = {"str": str, "int": int, "float": float}
+def _boolean(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise ValueError(text)
+    return text.lower() == "true"
+
+
+_boolean.__name__ = "boolean (true or false)"
+_TYPES = {"str": str, "int": int, "float": float, "bool": _boolean}
+# torch.compile's modes (`default` is its default mode); `none` runs the model as it is.
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Hooks of PyTorch's that the harness registers with a state of their own (ddp_core's hooks: ddp_core.hooks).
+TORCH_HOOKS = ("powersgd",)
 
 
 def parse_list(name: str, text: str) -> list:
@@ -94,7 +111,7 @@ def check_config(config: RunConfig, gpu_count: int | None = None) -> None:
         raise ConfigError("--amp fp16 needs --device cuda: float16 training needs a gradient scaler, which "
                           "ddpbench uses on GPUs only, and CPUs compute float16 slowly; use --amp bf16 on the CPU")
     _one_of("impl", config.impl, IMPLS)
-    _one_of("comm-hook", config.comm_hook, ["none", *HOOKS])
+    _one_of("comm-hook", config.comm_hook, ["none", *HOOKS, *TORCH_HOOKS])
     for name, minimum in (("world_size", 1), ("sync_every", 1), ("process_groups", 1), ("batch_size", 1),
                           ("image_size", 8), ("seq_len", 2), ("iters", 1), ("warmup", 0), ("threads", 1)):
         value = getattr(config, name)
@@ -109,7 +126,21 @@ def check_config(config: RunConfig, gpu_count: int | None = None) -> None:
     validate_compute(config)
     if config.impl == "torch" and (config.process_groups > 1):
         raise ConfigError("--process-groups > 1 needs --impl ddp_core or ddp_core_no_overlap (PyTorch's DDP takes one group)")
+    check_ddp_options(config)
     validate_backend(config.backend, config.device, config.world_size, gpu_count)
+
+
+def check_ddp_options(config: RunConfig) -> None:
+    """Raise ConfigError for a combination of DDP options that an implementation cannot run, saying why."""
+    _one_of("compile", config.compile, COMPILE_MODES)
+    if config.powersgd_rank < 1:
+        raise ConfigError(f"--powersgd-rank={config.powersgd_rank} is not allowed; it must be >= 1")
+    if config.comm_hook == "powersgd" and config.process_groups > 1:
+        raise ConfigError("--comm-hook powersgd needs --process-groups 1: PowerSGD's state holds one process group "
+                          "and its error feedback per bucket, which round-robin groups would share")
+    if config.compile != "none" and config.compute == "emulated":
+        raise ConfigError(f"--compile {config.compile} needs --compute real: a stand-in only waits, there is nothing "
+                          "to compile")
 
 
 def parse_rate(text: str) -> float:

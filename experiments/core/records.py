@@ -220,7 +220,8 @@ def load_records(path: Path | str, kind: str = "run"):
 
 # Config fields added after records were first stored, with the value every older record implies.
 LATER_FIELDS = {"link": "none", "ranks_per_host": 1, "compute": "real", "compute_profile": "", "time_dilation": 1.0,
-                "model_config": "", "amp": "none", "model_hash": ""}  # (the user's own model, issue 15)
+                "model_config": "", "amp": "none", "model_hash": "", "find_unused_parameters": False,
+                "static_graph": False, "bucket_view": False, "compile": "none", "powersgd_rank": 1}
 
 
 def config_key(config: dict) -> str:

@@ -24,6 +24,8 @@ def expand_grid(lists: dict[str, list]) -> list[RunConfig]:
     configs = [RunConfig(**dict(zip(names, combo))) for combo in itertools.product(*(lists[n] for n in names))]
     # --compute real,emulated --compute-profile P: the profile is the emulated configs' alone.
     configs = [replace(c, compute_profile="") if c.compute == "real" else c for c in configs]
+    # PowerSGD's rank means nothing to other hooks: one config each, not one per rank.
+    configs = [replace(c, powersgd_rank=1) if c.comm_hook != "powersgd" else c for c in configs]
     for config in configs:
         validate(config)
     # A user's file is identified by its content as well as its name (records, --resume, compare).

@@ -17,6 +17,7 @@ from types import ModuleType
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import ddp_core
@@ -95,18 +96,31 @@ def rank_device(rank: int, device_type: str) -> torch.device:
 
 def wrap(model: torch.nn.Module, config: RunConfig, device: torch.device, group=None,
          ddp_module: ModuleType = ddp_core) -> torch.nn.Module:
-    """Wrap `model` in the DDP implementation the config names (over `group`, default: all ranks);
-    `ddp_module`: which copy of the ddp_core package (an interleaved A/B loads one per revision)."""
+    """Wrap `model` in the DDP implementation the config names (over `group`, default: all ranks), with
+    the config's DDP options, communication hook and torch.compile mode; `ddp_module`: which copy of the
+    ddp_core package (an interleaved A/B loads one per revision)."""
     device_ids = [device] if device.type == "cuda" else None
-    hook = ddp_module.hooks.HOOKS.get(config.comm_hook)
+    options = {"find_unused_parameters": config.find_unused_parameters, "static_graph": config.static_graph,
+               "gradient_as_bucket_view": config.bucket_view}
     if config.impl == "torch":
-        ddp = TorchDDP(model, device_ids=device_ids, process_group=group, bucket_cap_mb=config.bucket_mb)
+        ddp = TorchDDP(model, device_ids=device_ids, process_group=group, bucket_cap_mb=config.bucket_mb, **options)
     else:
         groups = ddp_module.new_round_robin_groups(config.process_groups) if config.process_groups > 1 else group
         ddp = ddp_module.DistributedDataParallel(model, device_ids=device_ids, process_group=groups,
-                                               bucket_cap_mb=config.bucket_mb, overlap=config.impl == "ddp_core")
-    if hook is not None:
-        ddp.register_comm_hook(None, hook)
+                                               bucket_cap_mb=config.bucket_mb, overlap=config.impl == "ddp_core",
+                                               **options)
+    if config.comm_hook == "powersgd":
+        # PyTorch's PowerSGD, from the third iteration on (the first ones run plain all-reduce; the warm-up
+        # covers them), so that measured iterations compress.
+        state = powerSGD.PowerSGDState(process_group=group, matrix_approximation_rank=config.powersgd_rank,
+                                       start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
+    elif config.comm_hook != "none":
+        ddp.register_comm_hook(None, ddp_module.hooks.HOOKS[config.comm_hook])
+    if config.compile != "none":
+        # The wrapped model is compiled, as PyTorch's docs advise for DDP (attributes such as `reducer`
+        # still reach the DDP module through the compiled wrapper). Compiling happens in the warm-up.
+        ddp = torch.compile(ddp, mode=None if config.compile == "default" else config.compile)
     return ddp
 
 
@@ -186,9 +200,10 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     t = build(rank, config)
     device, ddp = t.device, t.ddp
     clock = Clock(device)
-    observer = BucketTimes(clock) if isinstance(ddp, ddp_core.DistributedDataParallel) else None
+    inner = getattr(ddp, "_orig_mod", ddp)  # under torch.compile, the DDP module it wraps
+    observer = BucketTimes(clock) if isinstance(inner, ddp_core.DistributedDataParallel) else None
     if observer is not None:
-        ddp.reducer.observer = observer
+        inner.reducer.observer = observer
     setup_s = time.perf_counter() - setup_start
 
     iterations, timeline, warmup_s = [], None, 0.0
@@ -202,7 +217,14 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
             cpu_start = busy_cpu_seconds()
         wall_start = time.perf_counter()
         clock.start()
-        train_step(ddp, t.family, t.batch, t.optimizer, sync, clock.mark, t.precision)
+        try:
+            train_step(ddp, t.family, t.batch, t.optimizer, sync, clock.mark, t.precision)
+        except RuntimeError as error:
+            if "find_unused_parameters" in str(error) and not config.find_unused_parameters:
+                # Both DDPs advise a keyword; in ddpbench it is an option of `run`.
+                raise RuntimeError(f"{error} [ddpbench: some parameters get no gradient; measure with "
+                                   "--find-unused-parameters true]") from error
+            raise
         marks = clock.seconds()
         if measured < 0:
             warmup_s += marks["optimizer"]

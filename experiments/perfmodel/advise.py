@@ -110,8 +110,9 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
         names = probes[0]["unused"]
         return {"kind": "profile", "status": "failed", "config": dataclasses.asdict(config), "probes": probes[0],
                 "error": f"{len(names)} parameter(s) get no gradient ({', '.join(names[:5])}"
-                         f"{' ...' if len(names) > 5 else ''}): the model needs find_unused_parameters=True, "
-                         "which ddpbench's runs and profiles do not use; no timing profile"}
+                         f"{' ...' if len(names) > 5 else ''}): the model needs DDP's find_unused_parameters "
+                         "(`ddpbench run --find-unused-parameters true`), which the profile does not use; no "
+                         "timing profile"}
     record = profiling.make_record(config, per_rank, wall_s)
     record["probes"] = probes[record["slowest_copy"]]
     return record

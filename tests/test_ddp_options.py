@@ -1,0 +1,120 @@
+"""DDP's own options as grid parameters of `run`, for ddp_core and PyTorch's DDP alike: parsed as lists,
+refused up front where an implementation cannot run them, recorded in the config, and handed to DDP."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.cli import main
+from experiments.core.config import RunConfig
+from experiments.core.records import config_key, read_records
+from experiments.measure.configs import expand_grid
+from experiments.measure.launch import run_ranks
+
+UNUSED_MODEL = '''
+import torch
+from torch import nn
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def build_model():
+    return TwoHeads()
+
+
+def make_batch(model, batch_size, image_size, seq_len, generator):
+    return {"x": torch.randn(batch_size, 8, generator=generator)}
+
+
+def loss(model, batch):
+    return model(batch["x"]).pow(2).mean()
+'''
+
+
+def test_options_are_lists_and_a_bad_value_is_refused(tmp_path, capsys):
+    configs = expand_grid({"static_graph": [False, True], "bucket_view": [True], "world_size": [1]})
+    assert [(c.static_graph, c.bucket_view) for c in configs] == [(False, True), (True, True)]
+    # PowerSGD's rank is one config per rank only where the hook is PowerSGD
+    configs = expand_grid({"comm_hook": ["none", "powersgd"], "powersgd_rank": [1, 4], "world_size": [1]})
+    assert sorted((c.comm_hook, c.powersgd_rank) for c in configs) == [("none", 1), ("powersgd", 1), ("powersgd", 4)]
+    out = tmp_path / "r.jsonl"
+    for argv, needle in ((["--static-graph", "maybe"], "--static-graph: 'maybe' is not a valid boolean (true or false)"),
+                         (["--compile", "fast"], "--compile='fast' is not allowed; choose one of none, default"),
+                         (["--comm-hook", "powersgd", "--process-groups", "2"], "PowerSGD's state holds one process"),
+                         (["--powersgd-rank", "0", "--comm-hook", "powersgd"], "--powersgd-rank=0 is not allowed")):
+        assert main(["run", *argv, "--out", str(out)]) == 2
+        assert needle in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_records_made_before_the_options_still_match_todays_configs():
+    config = RunConfig().__dict__
+    old = {k: v for k, v in config.items() if k not in ("find_unused_parameters", "static_graph", "bucket_view",
+                                                        "compile", "powersgd_rank")}
+    assert config_key(old) == config_key(config)
+
+
+def _wrapped(rank, world_size, fields):
+    from experiments.measure.harness import build
+
+    config = RunConfig(**fields)
+    trainee = build(rank, config)
+    inner = getattr(trainee.ddp, "_orig_mod", trainee.ddp)
+    losses = []
+    for _ in range(3):
+        value = trainee.family.loss(trainee.ddp, trainee.batch)
+        value.backward()
+        trainee.optimizer.step()
+        trainee.optimizer.zero_grad()
+        losses.append(float(value))
+    hook = getattr(inner, "_comm_hook", None) or getattr(getattr(inner, "reducer", None), "hook", None)
+    return {"static_graph": bool(inner.static_graph), "find_unused": bool(inner.find_unused_parameters),
+            "bucket_view": bool(inner.gradient_as_bucket_view), "compiled": inner is not trainee.ddp,
+            "losses": losses, "hook": getattr(hook, "__name__", repr(hook))}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("impl", ["torch", "ddp_core"])
+def test_the_options_reach_both_implementations(impl):
+    fields = RunConfig(model="bert-tiny", seq_len=8, batch_size=2, world_size=2, impl=impl, static_graph=True,
+                       find_unused_parameters=True, bucket_view=True).__dict__
+    for result in run_ranks(_wrapped, 2, (fields,)):
+        assert result["static_graph"] and result["find_unused"] and result["bucket_view"]
+        assert not result["compiled"]
+
+
+@pytest.mark.timeout(300)
+def test_compile_and_powersgd_train_as_without_them():
+    base = RunConfig(model="resnet-tiny", image_size=16, batch_size=2, world_size=1, impl="ddp_core").__dict__
+    plain = run_ranks(_wrapped, 1, (base,))[0]
+    compiled = run_ranks(_wrapped, 1, ({**base, "compile": "default"},), timeout=240)[0]
+    assert compiled["compiled"]
+    assert compiled["losses"] == pytest.approx(plain["losses"], rel=1e-4)
+    # PowerSGD at one rank: compression of a sum over one rank is exact after its first (plain) iterations
+    powersgd = run_ranks(_wrapped, 1, ({**base, "comm_hook": "powersgd", "powersgd_rank": 2},))[0]
+    assert powersgd["losses"][0] == pytest.approx(plain["losses"][0], rel=1e-5)
+
+
+@pytest.mark.timeout(300)
+def test_a_model_with_unused_parameters_is_told_the_option_that_runs_it(tmp_path):
+    model = tmp_path / "two_heads.py"
+    model.write_text(UNUSED_MODEL)
+    out = tmp_path / "r.jsonl"
+    common = ["run", "--model", str(model), "--world-size", "2", "--iters", "2", "--warmup", "1", "--impl",
+              "ddp_core,torch", "--out", str(out), "--timeout", "120"]
+    assert main(common) == 1
+    failed = [r for r in read_records(out) if r["status"] == "failed"]
+    assert len(failed) == 2 and all("--find-unused-parameters true" in r["error"] for r in failed)
+    assert main([*common, "--find-unused-parameters", "true"]) == 0
+    ok = [r for r in read_records(out) if r["status"] == "ok"]
+    assert len(ok) == 2 and all(r["config"]["find_unused_parameters"] is True for r in ok)
+    json.dumps(ok)  # the record stays JSON
+    assert Path(out).exists() and torch.__version__
