@@ -309,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             counts = mode.run(jobs, args)
     except KeyboardInterrupt:
+        # Stopping: more Ctrl-C (a user pressing it again) must not break the exit half-way (atexit
+        # handlers, the message below) - the ranks and networks are already gone.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if args.out.exists() and args.out.stat().st_size > size_before:
             print(f"\nddpbench: interrupted; finished configs are in {args.out}; add --resume to continue",
                   file=sys.stderr)

@@ -97,7 +97,11 @@ def test_compile_and_powersgd_train_as_without_them():
     plain = run_ranks(_wrapped, 1, (base,))[0]
     compiled = run_ranks(_wrapped, 1, ({**base, "compile": "default"},), timeout=240)[0]
     assert compiled["compiled"]
-    assert compiled["losses"] == pytest.approx(plain["losses"], rel=1e-4)
+    # Inductor's kernels round differently from eager ones: the first loss agrees closely; later ones drift
+    # apart (batch-norm at batch 2 amplifies it), so the trajectory is held against PyTorch's DDP compiled.
+    assert compiled["losses"][0] == pytest.approx(plain["losses"][0], rel=1e-3)
+    torch_compiled = run_ranks(_wrapped, 1, ({**base, "impl": "torch", "compile": "default"},), timeout=240)[0]
+    assert compiled["losses"] == pytest.approx(torch_compiled["losses"], rel=1e-5)
     # PowerSGD at one rank: compression of a sum over one rank is exact after its first (plain) iterations
     powersgd = run_ranks(_wrapped, 1, ({**base, "comm_hook": "powersgd", "powersgd_rank": 2},))[0]
     assert powersgd["losses"][0] == pytest.approx(plain["losses"][0], rel=1e-5)

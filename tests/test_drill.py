@@ -1,6 +1,7 @@
 """The regression drill's parts, without measuring: injections fit this tree and leave nothing behind,
 the truth run appends whole rounds and resumes, the goals are judged against true sizes, bad input."""
 import contextlib
+import dataclasses
 import py_compile
 import shutil
 import subprocess
@@ -10,10 +11,13 @@ import numpy as np
 import pytest
 
 from experiments.cli import main
+from experiments.core.config import RunConfig
 from experiments.core.records import append_record, read_records
 from experiments.regression import drill, injections, report, truth
 from tests.test_regression import _scratch_repo
 
+# A whole config, as every real record has (compare refuses one it could not name in its table).
+CONFIG = dataclasses.asdict(RunConfig(model="m"))
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -54,7 +58,7 @@ def test_truth_appends_whole_rounds_shuffled_and_resumes(tmp_path, monkeypatch):
             return "broken"
         slow = 1.1 if out.stem == "slow" else 1.0
         samples = (0.05 * slow * (1 + 0.01 * np.random.default_rng(len(calls)).standard_normal(20))).tolist()
-        append_record(out, {"kind": "run", "status": "ok", "config": {"model": "m", "bucket_mb": 25.0},
+        append_record(out, {"kind": "run", "status": "ok", "config": CONFIG,
                             "latency_s": samples, "round": tag})
 
     @contextlib.contextmanager
@@ -126,7 +130,7 @@ def test_truth_in_processes_keeps_whole_rounds_and_sizes_each_round_over_its_blo
             slow = 1.08 if name == "slow" else 1.0
             for index, speed in enumerate(drift):
                 append_record(out_dir / f"{name}.jsonl", {
-                    "kind": "run", "status": "ok", "config": {"model": "m", "bucket_mb": 25.0},
+                    "kind": "run", "status": "ok", "config": CONFIG,
                     "latency_s": [0.05 * speed * slow * (1 + 0.01 * rng.standard_normal())],
                     "round": {"session": session, "index": index, "interleaved": True, "other_load": 0.0}})
 

@@ -19,7 +19,7 @@ from experiments.measure.workloads import spec as model_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = str(ROOT / "examples" / "my_model.py")
-PROFILE = str(ROOT / "results" / "advise" / "gpt2.profile.jsonl")  # a stored profile (2 co-located copies)
+PROFILE = str(ROOT / "results" / "reference" / "x86_64-2cpu" / "advise" / "gpt2.profile.jsonl")  # a stored profile (2 co-located copies)
 FAST = ["--world-size", "1", "--iters", "1", "--warmup", "0"]
 
 

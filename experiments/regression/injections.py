@@ -30,7 +30,8 @@ SLEEP = """        _time = __import__('time')  # drill: sleep {f:.0%} of this it
 # iteration in an interleaved A/B, does not count).
 FORWARD_START = "        self.reducer.maybe_rebuild_buckets()\n"
 MARK = "        self.reducer._drill_mark = __import__('time').perf_counter()  # drill\n"
-LAUNCH = "bucket.future = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()"
+# (the call alone: the line around it differs between ddp_core's versions, `bucket.future = ...` or `return ...`)
+LAUNCH = "dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()"
 WAIT_START = "        if not self.overlap:\n            self._launch_complete_buckets()"
 COPY_AT = "        if grad is None:\n            view.zero_()"
 
