@@ -286,3 +286,35 @@ def _ended_pid() -> int:
     """The id of a process that has ended."""
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     return int(done.stdout)
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "one"]):
+        subprocess.run([*git, *command], cwd=repo, check=True)
+    (repo / "a.txt").write_text("b\n")
+    subprocess.run([*git, "commit", "-qam", "two"], cwd=repo, check=True)
+    return repo
+
+
+@pytest.mark.parametrize("command", [["history", "--output={victim}..HEAD"], ["history", "HEAD~1..--output={victim}"],
+                                     ["ab", "--output={victim}", "HEAD"], ["drill", "--base=--output={victim}"]])
+def test_a_revision_is_never_read_by_git_as_an_option(tmp_path, capsys, command):
+    from experiments.cli import main
+
+    repo = _repo(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    argv = [part.format(victim=victim) for part in command]
+    if argv[0] == "history":
+        argv = ["history", "--repo", str(repo), "--results", str(tmp_path / "results"), "--", *argv[1:]]
+    elif argv[0] == "ab":
+        argv = ["ab", "--repo", str(repo), "--", *argv[1:]]
+    else:
+        argv = [*argv, "--repo", str(repo), "--out", str(tmp_path / "drill.json")]
+    assert main(argv) == 2
+    assert "is not a revision: a revision never starts with '-'" in capsys.readouterr().err
+    assert victim.read_text() == "keep me\n"  # git wrote nothing
