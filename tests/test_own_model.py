@@ -132,7 +132,7 @@ def test_advise_end_to_end_marks_every_figure_and_warns_for_a_gpu_cluster(tmp_pa
     assert main(["advise", "--model", unused, "--iters", "2", "--warmup", "1", "--cluster", "paper-v100-nccl"]) == 0
     text = capsys.readouterr().out
     assert "yes: 2 parameter(s) get no gradient (never.weight, never.bias)" in text
-    assert "needs find_unused_parameters=True" in text
+    assert "needs DDP's find_unused_parameters (`ddpbench run --find-unused-parameters true`)" in text
 
     # Predicting for this machine needs its all-reduce records.
     assert main(["advise", "--model", EXAMPLE, "--allreduce", str(tmp_path / "none")]) == 2
