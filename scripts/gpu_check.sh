@@ -25,17 +25,23 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
   printf '%-28s exit %3d  %4d s\n' "$name" "$status" "$(($(date +%s) - start))" | tee -a "$out/summary.txt"
 }
 
-run() { "$py" -m experiments run --device cuda --out "$out/runs.jsonl" --timeout 150 "$@"; }
+# (an array, not a shell function: `timeout` starts programs, and a function is none)
+run=("$py" -m experiments run --device cuda --out "$out/runs.jsonl" --timeout 150)
+
+if ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+  echo "gpu_check.sh: needs a CUDA GPU and a python ($py) with torch that sees it; none here" >&2
+  exit 2
+fi
 
 nvidia-smi -L >>"$log" 2>&1
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' >>"$log" 2>&1
 step gpu_tests 110 "$py" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
 # ddp_core against PyTorch's DDP: NCCL at world size 1, and Gloo on CUDA tensors at world size 2 (one GPU)
-step resnet50_nccl_ws1 60 run --backend nccl --world-size 1 --model resnet50 --impl ddp_core,ddp_core_no_overlap,torch \
+step resnet50_nccl_ws1 60 "${run[@]}" --backend nccl --world-size 1 --model resnet50 --impl ddp_core,ddp_core_no_overlap,torch \
   --image-size 224 --batch-size 32 --iters 20 --warmup 5
-step bert_nccl_ws1 60 run --backend nccl --world-size 1 --model bert-base --impl ddp_core,ddp_core_no_overlap,torch \
+step bert_nccl_ws1 60 "${run[@]}" --backend nccl --world-size 1 --model bert-base --impl ddp_core,ddp_core_no_overlap,torch \
   --seq-len 128 --batch-size 16 --iters 20 --warmup 5
-step gloo_cuda_ws2 80 run --backend gloo --world-size 2 --model resnet50,bert-base --impl ddp_core,torch \
+step gloo_cuda_ws2 80 "${run[@]}" --backend gloo --world-size 2 --model resnet50,bert-base --impl ddp_core,torch \
   --image-size 224 --seq-len 128 --batch-size 16 --iters 10 --warmup 3
 # the performance model's one-process profiles (issue 5) at the paper's input sizes
 step profile_resnet50 40 "$py" -m experiments profile --device cuda --model resnet50 --image-size 224 --batch-size 32 \
