@@ -234,7 +234,8 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
     backends = {c.backend for c in configs}
     if len(backends) > 1:
         raise ValueError(f"--backend: one backend per torchrun job, got {sorted(backends)}")
-    if not dist.is_initialized():
+    owned = not dist.is_initialized()
+    if owned:
         dist.init_process_group(backends.pop() if backends else "gloo", timeout=datetime.timedelta(seconds=timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     mismatched = [c for c in configs if c.world_size != world_size]
@@ -265,6 +266,11 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
                 write_trace(trace_dir, config, gathered)
             echo(f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}] {summary_line(record, varying)}")
         counts["ok"] += 1
+    if owned:
+        # Every rank leaves together, then the group is torn down: a rank whose process exits while
+        # another still talks to it (rank 0 writing the last record) can make Gloo abort at exit.
+        dist.barrier()
+        dist.destroy_process_group()
     return counts
 
 
