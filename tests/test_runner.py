@@ -327,6 +327,7 @@ def test_two_torchrun_agents_record_what_the_built_in_launcher_records(tmp_path)
              "--rdzv-id", "ddpbench-test", "--max-restarts", "0",
              "-m", "experiments", *sweep, "--out", str(out)],
             cwd=ROOT, stdout=(tmp_path / f"agent{node}.log").open("w"), stderr=subprocess.STDOUT,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # torchrun's own log folders: not left in /tmp
         )
         for node in range(2)
     ]
