@@ -75,10 +75,18 @@ def version() -> str:
     return f"ddpbench {number} (commit {commit or 'unknown'}{dirty})"
 
 
+class _PrintVersion(argparse.Action):
+    """--version, asked for: git runs only then, not on every start of the command line."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one sub-command per kind of measurement."""
     parser = argparse.ArgumentParser(prog="ddpbench", description="DDP benchmarks after Li et al., VLDB 2020")
-    parser.add_argument("--version", action="version", version=version())
+    parser.add_argument("--version", action=_PrintVersion, nargs=0, help="print the version and commit, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="measure training iterations over a grid of configs")
