@@ -166,7 +166,13 @@ def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys):
         assert r["env"]["git_commit"] and r["env"]["torch"]
     frame = load_records(out)
     assert (frame["forward_s"] > 0).all() and (frame["backward_s"] > 0).all()
-    assert (frame["exposed_comm_s"].isna() == (frame["impl"] == "torch")).all()
+    assert frame["exposed_comm_s"].notna().all(), frame[["impl", "sync_every", "exposed_comm_s"]]
+    # PyTorch's DDP: exposed communication comes from its logging data, one synchronised iteration late,
+    # so the last synchronised iteration has none.
+    theirs = next(r for r in records if r["config"]["impl"] == "torch" and r["config"]["sync_every"] == 1)
+    for rank_exposed in theirs["phases_s"]["exposed_comm"]:
+        assert [e is None for e in rank_exposed] == [False, False, True]
+        assert all(e >= 0 for e in rank_exposed[:2])
     ours = next(r for r in records if r["config"]["impl"] == "ddp_core" and r["config"]["sync_every"] == 1)
     assert ours["buckets"][0], "per-bucket launch and completion times are missing"
     trace_events = json.loads(next(trace.glob("resnet-tiny_ddp_core_*_sync1_*.json")).read_text())["traceEvents"]

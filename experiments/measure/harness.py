@@ -186,6 +186,24 @@ def build(rank: int, config: RunConfig, group=None, ddp_module: ModuleType = ddp
                    compute=compute.source if config.compute == "emulated" else None)
 
 
+def fill_exposed_comm_from_torch(iteration: dict, logging_data: dict) -> None:
+    """Split PyTorch's DDP's wait for communication out of an iteration's "backward" phase.
+
+    PyTorch's reducer times each synchronised iteration's backward compute and bucket all-reduces
+    itself and publishes them at the next synchronised forward (`_get_ddp_logging_data`; sampled every
+    iteration once `_set_ddp_runtime_logging_sample_rate(1)`). What communication ran on after the last
+    gradient was computed is the exposed part: it leaves "backward" (timed by our clock up to the end of
+    the wait) and becomes "exposed_comm", as ddp_core's observer splits it. The run's last synchronised
+    iteration has no next one: its wait stays inside "backward" and its "exposed_comm" None."""
+    comm_end, compute_end = logging_data.get("backward_comm_time_end"), logging_data.get("backward_compute_time_end")
+    if not comm_end or not compute_end:
+        return
+    phases = iteration["phases"]
+    exposed = min(max(0.0, (comm_end - compute_end) / 1e9), phases["backward"])
+    phases["backward"] -= exposed
+    phases["exposed_comm"] = exposed
+
+
 def slowest_per_iteration(local: list[float]) -> list[float]:
     """Gather every rank's per-iteration seconds; an iteration takes as long as its slowest rank."""
     gathered: list = [None] * dist.get_world_size()
@@ -204,9 +222,13 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     observer = BucketTimes(clock) if isinstance(inner, ddp_core.DistributedDataParallel) else None
     if observer is not None:
         inner.reducer.observer = observer
+    torch_logging = isinstance(inner, TorchDDP)
+    if torch_logging:  # record PyTorch's runtime stats every iteration (by default: 1-10, then every 100th)
+        inner._set_ddp_runtime_logging_sample_rate(1)
     setup_s = time.perf_counter() - setup_start
 
     iterations, timeline, warmup_s = [], None, 0.0
+    awaiting_stats = None  # PyTorch's DDP: the last synchronised iteration, whose stats come with the next one
     for i in range(config.warmup + config.iters):
         measured = i - config.warmup
         # Skip-sync (E5): reduce every n-th iteration, accumulate locally in between. Warm-up syncs always.
@@ -226,6 +248,10 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
                                    "--find-unused-parameters true]") from error
             raise
         marks = clock.seconds()
+        if torch_logging and sync:  # a synchronised forward published the previous synchronised iteration's stats
+            if awaiting_stats is not None:
+                fill_exposed_comm_from_torch(awaiting_stats, inner._get_ddp_logging_data())
+            awaiting_stats = None
         if measured < 0:
             warmup_s += marks["optimizer"]
             continue
@@ -234,10 +260,13 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
             "forward": marks["forward"],
             "backward": computed - marks["forward"],
             # Not separable inside PyTorch's C++ reducer: its wait is part of "backward" there.
-            "exposed_comm": marks["backward"] - computed if observer is not None else None,
+            # (PyTorch's DDP: filled from its logging data one iteration later, fill_exposed_comm_from_torch)
+            "exposed_comm": marks["backward"] - computed if observer is not None else (None if sync else 0.0),
             "optimizer": marks["optimizer"] - marks["backward"],
         }
         iterations.append({"latency": marks["optimizer"], "phases": phases})
+        if torch_logging and sync:
+            awaiting_stats = iterations[-1]
         if observer is not None and observer.buckets:
             timeline = {"wall_start": wall_start, "marks": marks,
                         "buckets": {k: [None if t is None else t - wall_start for t in v]
