@@ -177,15 +177,36 @@ class Scaled(nn.Module):
         return (self.p * x).pow(2).sum()
 
 
-def create_graph(wrap, rank):
+def create_graph(wrap, rank, **kwargs):
     """backward(create_graph=True) three times, gradients accumulating (and needing grad themselves)."""
-    model = wrap(Scaled())
+    model = wrap(Scaled(), **kwargs)
     out = []
     for step in range(3):
         model(_x(rank, step, cols=2)[0]).backward(create_graph=True)
         grad = model.module.p.grad
         out.append({"grad": grad.detach().clone(), "needs_grad": torch.tensor(grad.requires_grad)})
     return out
+
+
+def sparse_create_graph(wrap, rank, **kwargs):
+    """backward(create_graph=True) through an embedding with sparse gradients, twice, accumulating; beside
+    it, the same steps without DDP on every rank's ids, averaged: what the gradients must be."""
+    def ids(step, of_rank):
+        return torch.randint(0, 20, (4, 3), generator=torch.Generator().manual_seed(10 * step + of_rank))
+
+    model = wrap(SparseEmbedding(), **kwargs)
+    out = []
+    for step in range(2):
+        model(ids(step, rank)).square().sum().backward(create_graph=True)
+        out.append(_grads(model.module))
+    expected = {}
+    for other in range(dist.get_world_size()):
+        local = SparseEmbedding()
+        for step in range(2):
+            local(ids(step, other)).square().sum().backward(create_graph=True)
+        for name, grad in _grads(local).items():
+            expected[name] = expected.get(name, 0) + grad / dist.get_world_size()
+    return {"steps": out, "local_average": expected}
 
 
 def dataclass_outputs(wrap, rank):
@@ -266,6 +287,11 @@ CHECKS = {
     "sparse": (sparse_gradients, {}, "ok"),
     "sparse_bucket_view": (sparse_gradients, {"gradient_as_bucket_view": True}, "ok"),
     "sparse_hook": (sparse_gradients, {"hook": default_hooks.allreduce_hook}, "ok"),
+    "sparse_static_graph": (sparse_gradients, {"static_graph": True}, "ok"),
+    # PyTorch's DDP fails here (its reducer writes into the gradient in place, which autograd refuses
+    # for a gradient that has a graph); ddp_core is held to training without DDP instead.
+    "sparse_create_graph": (sparse_create_graph, {}, RuntimeError),
+    "sparse_create_graph_static": (sparse_create_graph, {"static_graph": True}, RuntimeError),
     "static_checkpoint_twice": (train_steps(lambda r: Checkpointed(times=2), static_graph=True), {}, "ok"),
     "static_shared_weight": (train_steps(lambda r: Checkpointed(share_weight=True), static_graph=True), {}, "ok"),
     "static_unused": (train_steps(Branchy, static_graph=True), {}, "ok"),
@@ -274,6 +300,8 @@ CHECKS = {
     "checkpoint_twice_non_reentrant": (train_steps(lambda r: Checkpointed(times=2, reentrant=False)), {}, "ok"),
     "checkpoint_twice_reentrant": (train_steps(lambda r: Checkpointed(times=2)), {}, RuntimeError),
     "create_graph": (create_graph, {}, "ok"),
+    "create_graph_bucket_view": (create_graph, {"gradient_as_bucket_view": True}, "ok"),
+    "create_graph_static": (create_graph, {"static_graph": True}, "ok"),
     "dataclass_outputs": (dataclass_outputs, {}, "ok"),
     "pickling": (pickling, {}, "ok"),
     "hook_not_callable": (hook_registration, {"hook": "allreduce"}, TypeError),
@@ -353,7 +381,7 @@ def test_forward_without_backward_then_two_forwards_one_backward(outcomes):
 
 
 @T
-@pytest.mark.parametrize("variant", ["sparse", "sparse_bucket_view", "sparse_hook"])
+@pytest.mark.parametrize("variant", ["sparse", "sparse_bucket_view", "sparse_hook", "sparse_static_graph"])
 def test_sparse_gradients_are_reduced_as_sparse_tensors(outcomes, variant):
     _check(outcomes, variant)
 
@@ -379,8 +407,34 @@ def test_reentrant_checkpoint_twice_is_refused_for_the_reason_pytorch_gives(outc
 
 
 @T
-def test_backward_with_create_graph(outcomes):
-    _check(outcomes, "create_graph")
+@pytest.mark.parametrize("variant", ["create_graph", "create_graph_static"])
+def test_backward_with_create_graph(outcomes, variant):
+    _check(outcomes, variant)
+
+
+@T
+def test_create_graph_with_bucket_views_gives_pytorchs_values_without_a_graph(outcomes):
+    """The one documented difference (docs/ddp_core.md): PyTorch's .grad, a bucket view, keeps the local
+    gradient's graph through its copy (scaled by 1/world size, not synchronised); ddp_core's bucket views
+    are made without autograd, so its .grad holds the same averaged values and no graph."""
+    for rank, (rank_outcomes, _) in enumerate(outcomes):
+        ours, theirs = (rank_outcomes[("create_graph_bucket_view", impl)] for impl in ("ddp_core", "torch"))
+        assert ours[0] == theirs[0] == "ok", (ours, theirs)
+        _same([s["grad"] for s in ours[1]], [s["grad"] for s in theirs[1]], f"rank {rank}")
+        assert [bool(s["needs_grad"]) for s in theirs[1]] == [True] * 3
+        assert [bool(s["needs_grad"]) for s in ours[1]] == [False] * 3
+
+
+@T
+@pytest.mark.parametrize("variant", ["sparse_create_graph", "sparse_create_graph_static"])
+def test_sparse_gradients_with_create_graph_equal_training_without_ddp(outcomes, variant):
+    for rank, (rank_outcomes, _) in enumerate(outcomes):
+        theirs = rank_outcomes[(variant, "torch")]
+        assert theirs[0] == "error" and "in-place" in theirs[2], f"PyTorch's DDP changed here: {theirs}"
+        ours = rank_outcomes[(variant, "ddp_core")]
+        assert ours[0] == "ok", f"ddp_core failed on rank {rank}: {ours[1][0]}: {ours[2]}"
+        _same(ours[1]["steps"][-1], ours[1]["local_average"], f"{variant} rank {rank}")
+        assert not torch.equal(ours[1]["steps"][0]["embedding.weight"], ours[1]["steps"][-1]["embedding.weight"])
 
 
 @T
