@@ -2,7 +2,8 @@
 
 - `bucketing`: which gradients share a bucket;       - `grad_bucket`: one flat bucket (PyTorch's GradBucket API);
 - `reducer`: ready hooks, in-order launch, overlap;  - `distributed`: the module wrapper;
-- `hooks`: communication hooks (all-reduce, compression); - `process_groups`: backends, round-robin groups.
+- `hooks`: communication hooks (all-reduce, compression); - `process_groups`: backends, round-robin groups;
+- `arguments`: PyTorch's signature checked and resolved;  - `timing`: what the reducer tells (logging data).
 """
 from .bucketing import assign_buckets
 from .distributed import DistributedDataParallel

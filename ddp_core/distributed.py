@@ -19,13 +19,25 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
+from .arguments import (
+    DDPError,
+    as_group_list,
+    buffer_sync,
+    check_backend_fits,
+    check_cap,
+    check_cap_list,
+    check_device_ids,
+    check_output_device,
+    check_same_parameters,
+    group_from_mesh,
+    ignored_names,
+    refuse_unsupported,
+    sparse_gradient_parameters,
+    synchronised_parameters,
+)
 from .hooks import check_hook
 from .reducer import Reducer
-
-
-class DDPError(RuntimeError, ValueError):
-    """Bad use that PyTorch's DDP reports as RuntimeError and ddp_core first reported as ValueError:
-    catching either works."""
+from .timing import logging_data
 
 
 class DistributedDataParallel(nn.Module, Joinable):
@@ -33,7 +45,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     PyTorch's parameters come in PyTorch's order (a positional call binds as it would there). Those that
     mean something with one device per process behave as PyTorch's; the others raise a DDPError that
-    names them (see `_refuse_unsupported`). `overlap=False` reduces the same buckets only after backward
+    names them (see `refuse_unsupported`). `overlap=False` reduces the same buckets only after backward
     (the paper's no-overlap baseline); `first_bucket_cap_mb` caps the first bucket; `rebuild_buckets`
     re-buckets once, after the first iteration, in gradient arrival order; `process_group` may be a
     list of groups over the same ranks, used round-robin by bucket. `static_graph=True` promises the
@@ -69,32 +81,32 @@ class DistributedDataParallel(nn.Module, Joinable):
     ):
         super().__init__()
         Joinable.__init__(self)
-        _refuse_unsupported(delay_all_reduce_named_params=delay_all_reduce_named_params,
+        refuse_unsupported(delay_all_reduce_named_params=delay_all_reduce_named_params,
                             param_to_hook_all_reduce=param_to_hook_all_reduce, mixed_precision=mixed_precision,
                             batched_grad_copy=batched_grad_copy)
         if bucket_cap_mb is None:
             bucket_cap_mb = 25  # PyTorch's default
-        _check_cap("bucket_cap_mb", bucket_cap_mb)
-        _check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
-        cap_list = _check_cap_list(bucket_cap_mb_list)
+        check_cap("bucket_cap_mb", bucket_cap_mb)
+        check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
+        cap_list = check_cap_list(bucket_cap_mb_list)
         if check_reduction:
             warnings.warn("The `check_reduction` argument in `DistributedDataParallel` module is deprecated "
                           "(ddp_core, as PyTorch, always checks that reduction finished). Please avoid using it.",
                           FutureWarning, stacklevel=2)
-        named = _synchronised_parameters(module)
+        named = synchronised_parameters(module)
         if not named:
             raise DDPError(
                 f"ddp_core: module {type(module).__name__} has no parameters that require gradients; "
                 "there is nothing to synchronise"
             )
-        groups = _as_group_list(_group_from_mesh(process_group, device_mesh))
+        groups = as_group_list(group_from_mesh(process_group, device_mesh))
         self.module = module
-        self.device_ids = _check_device_ids(device_ids, named[0][1])
-        self.output_device = _check_output_device(output_device, self.device_ids)
+        self.device_ids = check_device_ids(device_ids, named[0][1])
+        self.output_device = check_output_device(output_device, self.device_ids)
         self.dim = dim  # where inputs would be scattered; one device per process scatters nothing
         self.device = named[0][1].device
         self.device_mesh = device_mesh
-        forward_sync, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
+        forward_sync, init_sync_buffers = buffer_sync(broadcast_buffers, forward_sync_buffers)
         self.forward_sync_buffers = forward_sync
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
@@ -103,7 +115,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.require_backward_grad_sync = True
         self._divide_by_initial_world_size = True  # set by the join hook
         self._join_work = None  # the join context's "not joined yet" all-reduce of this forward
-        _check_backend_fits(groups[0], named[0][1].device)
+        check_backend_fits(groups[0], named[0][1].device)
         # What the reducer is built from, kept so that unpickling can rebuild it.
         self._reducer_options = dict(
             bucket_cap_mb=bucket_cap_mb, first_bucket_cap_mb=first_bucket_cap_mb, overlap=overlap,
@@ -113,9 +125,9 @@ class DistributedDataParallel(nn.Module, Joinable):
         )
 
         if init_sync:
-            _check_same_parameters(named, groups[0])
+            check_same_parameters(named, groups[0])
             # Replicas start equal: everything rank 0 has, every rank gets (ignored parameters excepted).
-            ignored = _ignored_names(module)
+            ignored = ignored_names(module)
             kept = [p.detach() for name, p in module.named_parameters() if name not in ignored]
             _FlatBroadcast(kept, groups[0])()
         self._connect(groups)
@@ -135,13 +147,13 @@ class DistributedDataParallel(nn.Module, Joinable):
         """Build what belongs to this process: the buffer broadcast and the reducer over `groups`."""
         self._groups = groups
         self.process_group = groups[0]
-        ignored = _ignored_names(self.module)
+        ignored = ignored_names(self.module)
         # Buffers are listed once, as PyTorch's DDP does (walking the module tree costs more than
         # the broadcast's copies); buffers registered or replaced after wrapping are not broadcast.
         buffers = [b for name, b in self.module.named_buffers() if name not in ignored]
         self._buffer_broadcast = _FlatBroadcast(buffers, groups[0])
-        named = _synchronised_parameters(self.module)
-        sparse = _sparse_gradient_parameters(self.module)
+        named = synchronised_parameters(self.module)
+        sparse = sparse_gradient_parameters(self.module)
         self.reducer = Reducer(
             params=[p for _, p in named],
             names=[name for name, _ in named],
@@ -245,7 +257,7 @@ class DistributedDataParallel(nn.Module, Joinable):
     def _sync_final_model(self, is_last_joiner: bool) -> None:
         """Every rank takes the parameters (and buffers, if they are synchronised) of a last joiner."""
         src = self._common_rank(is_last_joiner)
-        ignored = _ignored_names(self.module)
+        ignored = ignored_names(self.module)
         kept = [p.detach() for name, p in self.module.named_parameters() if name not in ignored]
         _FlatBroadcast(kept, self.process_group)(src)
         if self.forward_sync_buffers:
@@ -257,7 +269,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         """PyTorch's `_get_ddp_logging_data` figures for ddp_core: construction settings and, for the
         latest synchronised iteration and averaged over all, forward, backward compute, backward
         communication and their overlap, in nanoseconds (keys as PyTorch names them)."""
-        return self.reducer.logging_data(self)
+        return logging_data(self.reducer, self)
 
     _get_ddp_logging_data = get_ddp_logging_data  # PyTorch's (private) name, for programs written for it
 
@@ -306,142 +318,6 @@ class _JoinHook(JoinHook):
 
 
 # Parameters of PyTorch's DDP that ddp_core refuses, and why (a refusal names the parameter, never ignores it).
-_UNSUPPORTED = {
-    "delay_all_reduce_named_params": "delaying some parameters' all-reduce to another parameter's hook is not "
-                                     "implemented; wrap the module without them instead",
-    "param_to_hook_all_reduce": "it goes with delay_all_reduce_named_params, which is not implemented",
-    "mixed_precision": "DDP-native mixed precision (_MixedPrecision) is not implemented; use torch.autocast "
-                       "or a compression hook (ddp_core.fp16_compress_hook)",
-    "batched_grad_copy": "ddp_core copies each gradient into its bucket as it arrives; batching the copies "
-                         "per bucket is not implemented",
-}
-
-
-def _refuse_unsupported(**given) -> None:
-    """Raise DDPError naming the first parameter that ddp_core does not implement and was given."""
-    for name, value in given.items():
-        if value is not None and value is not False:
-            raise DDPError(f"ddp_core: {name}={value!r} is not supported: {_UNSUPPORTED[name]}")
-
-
-def _check_cap_list(caps) -> list[float] | None:
-    """PyTorch's bucket_cap_mb_list: one cap per bucket, the last repeating; empty or None means none."""
-    if not caps:
-        return None
-    for cap in caps:
-        _check_cap("bucket_cap_mb_list", cap)
-    return list(caps)
-
-
-def _group_from_mesh(process_group, device_mesh):
-    """The process group of a 1-D device mesh, refused as PyTorch refuses it with a group or more dims."""
-    if device_mesh is None:
-        return process_group
-    if process_group is not None:
-        raise DDPError("ddp_core: Cannot specify both process_group and device_mesh arguments.")
-    if device_mesh.ndim != 1:
-        raise DDPError(f"ddp_core: device_mesh: only a 1-D device mesh is supported, but got {device_mesh}")
-    return device_mesh.get_group(mesh_dim=0)
-
-
-def _check_output_device(output_device, device_ids):
-    """PyTorch's rule: output_device only with device_ids (a single-device GPU module), default device_ids[0]."""
-    if device_ids is None:
-        if output_device:  # PyTorch tests truthiness: 0 passes (and means nothing on the CPU)
-            raise DDPError(f"ddp_core: output_device={output_device!r} works only with device_ids "
-                           "(a single-device GPU module); it must be None for a CPU module")
-        return None
-    if output_device is None:
-        return device_ids[0].index
-    return torch.device(output_device).index if not isinstance(output_device, int) else output_device
-
-
-def _buffer_sync(broadcast_buffers, forward_sync_buffers) -> tuple[bool, bool]:
-    """(sync buffers before each forward, sync them at construction), resolved as PyTorch 2.14 does."""
-    if broadcast_buffers is not None:
-        warnings.warn(
-            "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead"
-            + (" (its value is ignored when `forward_sync_buffers` is given)." if forward_sync_buffers is not None
-               else ". Unlike `broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at init."),
-            FutureWarning, stacklevel=3)
-    if forward_sync_buffers is not None:
-        return bool(forward_sync_buffers), True
-    effective = True if broadcast_buffers is None else bool(broadcast_buffers)
-    return effective, effective
-
-
-def _ignored_names(module: nn.Module) -> set[str]:
-    return set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
-
-
-def _synchronised_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """The (name, parameter) pairs DDP reduces: trainable and not ignored."""
-    ignored = _ignored_names(module)
-    return [(name, p) for name, p in module.named_parameters() if p.requires_grad and name not in ignored]
-
-
-def _sparse_gradient_parameters(module: nn.Module) -> set[int]:
-    """Ids of the parameters whose gradient will be sparse, known from their module as in PyTorch's DDP."""
-    return {id(m.weight) for m in module.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse}
-
-
-def _check_cap(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"{name} must be a number >= 0 (0 means one parameter per bucket), got {value!r}")
-
-
-def _as_group_list(process_group) -> list[dist.ProcessGroup]:
-    if not dist.is_initialized():
-        raise RuntimeError("ddp_core: call torch.distributed.init_process_group before wrapping a module")
-    if process_group is None:
-        return [dist.group.WORLD]
-    if isinstance(process_group, (list, tuple)):
-        groups = list(process_group)
-        if not groups:
-            raise ValueError("process_group: an empty list of groups was given")
-        sizes = {dist.get_world_size(g) for g in groups}
-        if len(sizes) != 1:
-            raise ValueError(f"process_group: round-robin groups must span the same ranks, got sizes {sorted(sizes)}")
-        return groups
-    return [process_group]
-
-
-def _check_device_ids(device_ids, param: torch.Tensor) -> list[torch.device] | None:
-    if device_ids is None:
-        return None
-    if param.device.type == "cpu":
-        raise ValueError(f"device_ids must be None for a module on the CPU, got {device_ids!r}")
-    if len(device_ids) != 1:
-        raise ValueError(f"device_ids must hold exactly one device (single-device modules only), got {device_ids!r}")
-    device = torch.device(param.device.type, device_ids[0]) if isinstance(device_ids[0], int) else torch.device(device_ids[0])
-    if device != param.device:
-        raise ValueError(f"device_ids={device_ids!r} does not match the module's device {param.device}")
-    return [device]
-
-
-def _check_backend_fits(group: dist.ProcessGroup, device: torch.device) -> None:
-    backend = dist.get_backend(group)
-    if backend == "nccl" and device.type != "cuda":
-        raise ValueError(f"ddp_core: the NCCL backend reduces only CUDA tensors, but the module is on {device}")
-
-
-def _check_same_parameters(named: list[tuple[str, torch.Tensor]], group: dist.ProcessGroup) -> None:
-    """Fail on every rank, naming the first difference, if the ranks do not hold the same model."""
-    signature = [(name, tuple(p.shape), str(p.dtype)) for name, p in named]
-    gathered: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, signature, group=group)
-    reference = gathered[0]
-    for rank, other in enumerate(gathered[1:], start=1):
-        if other == reference:
-            continue
-        if len(other) != len(reference):
-            detail = f"{len(reference)} trainable parameters on rank 0, {len(other)} on rank {rank}"
-        else:
-            first = next(i for i, (a, b) in enumerate(zip(reference, other)) if a != b)
-            detail = f"parameter {first}: {reference[first]} on rank 0, {other[first]} on rank {rank}"
-        raise DDPError(f"ddp_core: the ranks hold different models ({detail})")
-
-
 class _FlatBroadcast:
     """Copies rank 0's values into every rank's `tensors` when called: one broadcast per dtype and device.
 

@@ -352,32 +352,10 @@ class Reducer:
                 self.observer.bucket_launched(bucket.index(), bucket.future)
             self._next_bucket += 1
 
-    def logging_data(self, ddp) -> dict:
-        """PyTorch's `_get_ddp_logging_data` keys that ddp_core can fill: settings, bucket layout, and
-        the timing figures of `self.times` (absent until a synchronised iteration has finished)."""
-        dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in self.params})
-        return {
-            "world_size": self.world_size,
-            "rank": dist.get_rank(self.groups[0]),
-            "module_name": type(ddp.module).__name__,
-            "backend_name": dist.get_backend(self.groups[0]),
-            "device_ids": ", ".join(str(d.index) for d in ddp.device_ids or []),
-            "output_device": -1 if ddp.output_device is None else ddp.output_device,
-            "broadcast_buffers": int(ddp.forward_sync_buffers),
-            "bucket_cap_bytes": int(self.bucket_cap_mb * 1024 * 1024),
-            "find_unused_parameters": int(self.find_unused_parameters),
-            "gradient_as_bucket_view": int(self.gradient_as_bucket_view),
-            "static_graph": int(self.static_graph),
-            "dtypes": ", ".join("float" if d == "float32" else d for d in dtypes),
-            "num_parameter_tensors": len(self.params),
-            "total_parameter_size_bytes": sum(p.numel() * p.element_size() for p in self.params),
-            "bucket_sizes": ", ".join(str(0 if b.sparse else b.flat.numel() * b.flat.element_size())
-                                      for b in self.buckets),
-            "has_rebuilt_buckets": int(not self._rebuild_pending and bool(self._arrival_order)),
-            "num_buckets_reduced": self.buckets_reduced,
-            "iteration": self.times.iterations,
-            **self.times.figures(),
-        }
+    @property
+    def has_rebuilt_buckets(self) -> bool:
+        """Whether the buckets were rebuilt in the order gradients arrived (after the first backward)."""
+        return not self._rebuild_pending and bool(self._arrival_order)
 
     def _send(self, bucket: GradBucket) -> torch.futures.Future:
         """Start reducing `bucket` (the plain all-reduce, or the comm hook); the future of its result."""

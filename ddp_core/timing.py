@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+import torch.distributed as dist
+
 _SPANS = {  # figure -> (start mark, end mark)
     "forward_compute_time": ("forward_start", "backward_compute_start"),
     "backward_compute_time": ("backward_compute_start", "backward_compute_end"),
@@ -52,3 +54,32 @@ class IterationTimes:
             return {}
         averages = {f"avg_{name}": total // self.iterations for name, total in self._sums.items()}
         return {**self.latest, **averages}
+
+
+def logging_data(reducer, ddp) -> dict:
+    """PyTorch's `_get_ddp_logging_data` keys that ddp_core can fill for `ddp` and its `reducer`: settings,
+    bucket layout, and the timing figures of `reducer.times` (absent until a synchronised iteration has
+    finished)."""
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in reducer.params})
+    return {
+        "world_size": reducer.world_size,
+        "rank": dist.get_rank(reducer.groups[0]),
+        "module_name": type(ddp.module).__name__,
+        "backend_name": dist.get_backend(reducer.groups[0]),
+        "device_ids": ", ".join(str(d.index) for d in ddp.device_ids or []),
+        "output_device": -1 if ddp.output_device is None else ddp.output_device,
+        "broadcast_buffers": int(ddp.forward_sync_buffers),
+        "bucket_cap_bytes": int(reducer.bucket_cap_mb * 1024 * 1024),
+        "find_unused_parameters": int(reducer.find_unused_parameters),
+        "gradient_as_bucket_view": int(reducer.gradient_as_bucket_view),
+        "static_graph": int(reducer.static_graph),
+        "dtypes": ", ".join("float" if d == "float32" else d for d in dtypes),
+        "num_parameter_tensors": len(reducer.params),
+        "total_parameter_size_bytes": sum(p.numel() * p.element_size() for p in reducer.params),
+        "bucket_sizes": ", ".join(str(0 if b.sparse else b.flat.numel() * b.flat.element_size())
+                                  for b in reducer.buckets),
+        "has_rebuilt_buckets": int(reducer.has_rebuilt_buckets),
+        "num_buckets_reduced": reducer.buckets_reduced,
+        "iteration": reducer.times.iterations,
+        **reducer.times.figures(),
+    }
