@@ -111,6 +111,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
+        self.logged_error: str | None = None  # the message of a refusal, for the logging data
         self.skip_all_reduce_unused_params = skip_all_reduce_unused_params
         self.require_backward_grad_sync = True
         self._divide_by_initial_world_size = True  # set by the join hook
@@ -272,6 +273,28 @@ class DistributedDataParallel(nn.Module, Joinable):
         return logging_data(self.reducer, self)
 
     _get_ddp_logging_data = get_ddp_logging_data  # PyTorch's (private) name, for programs written for it
+
+    def _log_and_raise(self, error: Exception) -> None:
+        """Raise `error`, keeping its message in the logging data ("has_error", "error"), as PyTorch does."""
+        self.logged_error = str(error)
+        raise error
+
+    def _set_ddp_runtime_logging_sample_rate(self, sample_rate: int) -> None:
+        """PyTorch's private knob: the logging data times iterations 1-10, then every `sample_rate`-th."""
+        if sample_rate < 1:
+            self._log_and_raise(ValueError("DDP runtime logging sample rate should be equal or greater than 1"))
+        self.reducer.times.sample_rate = sample_rate
+
+    def _set_static_graph(self) -> None:
+        """PyTorch's private way to declare the graph static after construction, before training starts."""
+        if self.static_graph:
+            warnings.warn("You've set static_graph to be True, no need to set it again.", stacklevel=2)
+            return
+        try:
+            self.reducer.set_static_graph()
+        except RuntimeError as error:
+            self._log_and_raise(error)
+        self.static_graph = True
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -96,8 +96,11 @@ class Reducer:
         self.build_buckets(list(reversed(range(len(params)))))
         # PyTorch does not rebuild with unused-parameter detection (the arrival order may vary) unless
         # the graph is declared static.
+        self._rebuild_enabled = rebuild_buckets
         self._rebuild_pending = rebuild_buckets and (static_graph or not find_unused_parameters)
         self._arrival_order: list[int] = []
+        self._ready_order: list[int] = []  # this backward's, for the logging data
+        self.rebuilt_layout: dict[str, str] = {}  # the logging data's description of the rebuilt buckets
         # Static graph: the first synchronised backward counts hook calls per parameter; later ones
         # count down a copy of those counts.
         self._learning_graph = static_graph
@@ -115,8 +118,19 @@ class Reducer:
         # Used-parameter bitmap: kept across no_sync() iterations, reset after each synchronisation.
         self._locally_used = [False] * len(params)
         self._next_bucket = 0
-        for i, p in enumerate(params):
-            p.register_post_accumulate_grad_hook(self._hook_for(i))
+        self._hook_handles = [p.register_post_accumulate_grad_hook(self._hook_for(i)) for i, p in enumerate(params)]
+
+    def set_static_graph(self) -> None:
+        """Declare the graph static after construction (PyTorch's `_set_static_graph`): only before the
+        first synchronised iteration, which then learns the graph."""
+        if self.times.iterations or self._started or self._arrival_order:
+            raise RuntimeError("ddp_core: DDP static graph (_set_static_graph) should be called before training "
+                               "loop starts; pass static_graph=True to the constructor instead")
+        self.static_graph = self._learning_graph = True
+        self._rebuild_pending = self._rebuild_enabled
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = [p.register_post_accumulate_grad_hook(self._hook_for(i)) for i, p in enumerate(self.params)]
 
     # --- bucket layout ---
 
@@ -158,11 +172,17 @@ class Reducer:
         group = self.groups[0]
         dist.broadcast(order, src=dist.get_global_rank(group, 0), group=group)
         self.build_buckets(order.tolist())
+        self.rebuilt_layout = {  # as PyTorch's logging data describes rebuilt buckets
+            "rebuilt_bucket_sizes": ", ".join(str(0 if b.sparse else b.flat.numel() * b.flat.element_size())
+                                              for b in self.buckets),
+            "rebuilt_per_bucket_param_indices": ", ".join(" ".join(map(str, b.param_indices)) for b in self.buckets),
+        }
 
     # --- one iteration ---
 
     def forward_started(self) -> None:
-        """A synchronised forward begins (timing only)."""
+        """A synchronised forward begins (timing only; the previous iteration's figures are published)."""
+        self.times.publish()
         self.times.mark("forward_start")
 
     def forward_ended(self) -> None:
@@ -189,6 +209,7 @@ class Reducer:
         self._started = False
         self._end_queued = False
         self._ready = [False] * len(self.params)
+        self._ready_order = []
         if self.static_graph:
             # The first backward learns the graph and marks everything at its end; afterwards, the
             # parameters it did not use are the unreached ones, and no graph search is needed.
@@ -288,6 +309,7 @@ class Reducer:
         if self._ready[index]:
             raise self._second_gradient(index)
         self._ready[index] = True
+        self._ready_order.append(index)
         bucket, view = self._location[index]
         param = self.params[index]
         grad = param.grad
@@ -322,6 +344,7 @@ class Reducer:
         if self._ready[index]:
             raise self._second_gradient(index)
         self._ready[index] = True
+        self._ready_order.append(index)
         bucket, _ = self._location[index]
         param = self.params[index]
         grad = param.grad
@@ -461,7 +484,8 @@ class Reducer:
             self._write_back(bucket, used)
         self._locally_used = [False] * len(self.params)
         self.times.mark("backward_comm_end")
-        self.times.iteration_done()
+        self.times.iteration_done(self._ready_order)
+        self._ready_order = []
         if self.observer is not None:
             self.observer.gradients_synchronised()
 
