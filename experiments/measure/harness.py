@@ -17,6 +17,7 @@ from types import ModuleType
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
@@ -28,6 +29,11 @@ from experiments.emulate import compute as emulated
 from experiments.measure.amp import FULL, Precision
 from experiments.measure.workloads.base import Workload, model_size
 from experiments.measure.workloads.spec import load as load_workload
+
+
+# --comm-hook NAME for --impl torch: PyTorch's hook of the same algorithm as ddp_core.hooks.HOOKS[NAME].
+TORCH_DEFAULT_HOOKS = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+                       "bf16": default_hooks.bf16_compress_hook}
 
 
 class Clock:
@@ -115,6 +121,10 @@ def wrap(model: torch.nn.Module, config: RunConfig, device: torch.device, group=
         state = powerSGD.PowerSGDState(process_group=group, matrix_approximation_rank=config.powersgd_rank,
                                        start_powerSGD_iter=2)
         ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
+    elif config.comm_hook != "none" and config.impl == "torch":
+        # PyTorch's DDP gets PyTorch's own hooks: it refuses ddp_core's (their return annotation is not
+        # the Future[Tensor] it checks for), and its users would register these.
+        ddp.register_comm_hook(group, TORCH_DEFAULT_HOOKS[config.comm_hook])
     elif config.comm_hook != "none":
         ddp.register_comm_hook(None, ddp_module.hooks.HOOKS[config.comm_hook])
     if config.compile != "none":
