@@ -52,7 +52,7 @@ def heat_map(table: list[dict], path: Path) -> None:
         axis.set_yticks(range(len(models)), models, fontsize=8)
         axis.set_title(link_name(link), fontsize=9)
     bar = figure.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
-    ticks = [0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0]
+    ticks = [0.5, 0.7, 1.0, 1.4, 2.0]
     bar.set_ticks([math.log2(t) for t in ticks], labels=[f"{t:g}x" for t in ticks])
     bar.set_label("latency / default's", fontsize=8)
     figure.suptitle("Each DDP option's latency over PyTorch DDP's defaults (world size 2, interleaved); "

@@ -9,6 +9,7 @@ blocks whose variants all have records are not measured again.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -47,6 +48,13 @@ def mismatches(block: Block, per_rank: list[dict]) -> list[str]:
                 wrong.append(f"{variant} on rank {rank}: PowerSGD ran {seen_iters} iterations, not "
                              f"{config.warmup + config.iters}")
     return wrong
+
+
+def error_line(error: BaseException) -> str:
+    """The line of a rank's traceback that names the exception (its last such line: the one raised)."""
+    lines = str(error).strip().splitlines()
+    named = [line.strip() for line in lines if re.match(r"\s*[\w.]+(Error|Exception|Timeout|TimedOut)\b", line)]
+    return (named or lines or [type(error).__name__])[-1][:300]
 
 
 def block_line(block: Block, results: dict) -> str:
@@ -93,8 +101,7 @@ def run(blocks: list[Block], out_dir: Path, resume: bool, timeout: float, echo: 
                         "env": env, "atlas": {"model": block.model, "variant": variant, "block": block.name,
                                               "session": session, "block_wall_s": wall}})
                 counts["failed"] += 1
-                echo(f"[{index}/{len(todo)}] FAILED {block.model} link={block.link} {block.name}: "
-                     f"{str(error).strip().splitlines()[-1]}")
+                echo(f"[{index}/{len(todo)}] FAILED {block.model} link={block.link} {block.name}: {error_line(error)}")
                 continue
             wall = time.monotonic() - started
             after = busy_cpu_seconds()

@@ -30,7 +30,6 @@ from experiments.measure.amp import FULL, Precision
 from experiments.measure.workloads.base import Workload, model_size
 from experiments.measure.workloads.spec import load as load_workload
 
-
 # --comm-hook NAME for --impl torch: PyTorch's hook of the same algorithm as ddp_core.hooks.HOOKS[NAME].
 TORCH_DEFAULT_HOOKS = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
                        "bf16": default_hooks.bf16_compress_hook}
