@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                         f"{plan.MEMORY_SHARE * 100:.0f}%% of this machine's); a model whose "
                                                         "variants do not all fit is split over several blocks")
     parser.add_argument("--quick", action="store_true", help="tiny models, few rounds, loopback: a check of the "
-                                                             "plumbing in about a minute")
+                                                             "plumbing in about 4 minutes (1 without compile)")
     parser.add_argument("--resume", action="store_true", help="skip blocks already recorded in the --out folder")
     parser.add_argument("--tables-only", action="store_true", help="measure nothing: write the tables and the figure "
                                                                    "from the records in --out")
