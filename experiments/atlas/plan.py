@@ -201,7 +201,10 @@ def plan(models: dict[str, Model], variants: list[str], links: list[str], rounds
                 blocks.append(Block(name, link, label, {v: resolved[v] for v in group}))
             for own in (v for v in variants if v in OWN_BLOCK):
                 blocks.append(Block(name, link, own, {DEFAULT: resolved[DEFAULT], own: resolved[own]}))
-    check_network_available([c for b in blocks for c in b.configs.values()])
+    try:
+        check_network_available([c for b in blocks for c in b.configs.values()])
+    except ConfigError as error:
+        raise ConfigError(f"--links={','.join(links)}: {error}; `--links none` measures loopback only") from None
     return blocks
 
 
