@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--reference", metavar="MACHINE", nargs="?", const="x86_64-2cpu",
                         help="rebuild the project's committed reference results of MACHINE instead "
                              "(results/reference/MACHINE/; default x86_64-2cpu), whose numbers the docs quote")
+    from experiments.atlas import command as atlas
+
+    atlas.add_arguments(sub.add_parser("atlas", help="what each DDP option costs on real models, against DDP's "
+                                                     "defaults, interleaved (docs/atlas.md)"))
     machine = sub.add_parser("machine", help="this machine's name and fingerprint, which key its results")
     machine.add_argument("--machine", metavar="NAME", help="rename this machine (its later results go under NAME)")
     parser.set_defaults(subcommands=sub.choices)  # main() reports a sub-command's unknown options with its usage
@@ -282,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         return report(args.smoke, args.reference)
     if args.command == "machine":
         return machine(args.machine)
+    if args.command == "atlas":
+        from experiments.atlas import command as atlas
+
+        return atlas.main(args)
     if args.command in ("predict", "tune-bucket"):
         return perfmodel.main(args)
     if args.command == "advise":

@@ -7,9 +7,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "experiments"
 # Layer of each top-level part; a module may import only its own layer's or lower layers' modules.
-LAYERS = {"core": 0, "emulate": 1, "measure": 2, "args": 1, "regression": 4, "perfmodel": 4, "cli": 5, "__main__": 6}
+LAYERS = {"core": 0, "emulate": 1, "measure": 2, "args": 1, "regression": 4, "perfmodel": 4, "atlas": 4, "cli": 5,
+          "__main__": 6}
 # The uses are side by side: each may build on measuring (it runs workloads), never on another use.
-FORBIDDEN = {("measure", "regression"), ("measure", "perfmodel"), ("regression", "perfmodel"), ("perfmodel", "regression")}
+USES = ("regression", "perfmodel", "atlas")
+FORBIDDEN = {("measure", use) for use in USES} | {(a, b) for a in USES for b in USES if a != b}
 
 
 def module_name(path: Path) -> str:

@@ -8,6 +8,7 @@ autograd finished computing gradients so that waiting for the all-reduce can be 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import resource
@@ -17,6 +18,7 @@ from types import ModuleType
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
@@ -28,6 +30,49 @@ from experiments.emulate import compute as emulated
 from experiments.measure.amp import FULL, Precision
 from experiments.measure.workloads.base import Workload, model_size
 from experiments.measure.workloads.spec import load as load_workload
+
+# --comm-hook NAME for --impl torch: PyTorch's hook of the same algorithm as ddp_core.hooks.HOOKS[NAME].
+TORCH_DEFAULT_HOOKS = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+                       "bf16": default_hooks.bf16_compress_hook}
+
+
+def in_bucket_order(hook):
+    """`hook`, with each bucket's communication started only once the previous bucket's has completed.
+
+    Why: PowerSGD's hook issues its second all-reduce (of Q) from a completion callback, on a thread of
+    the process group, while autograd's thread goes on issuing the next buckets' all-reduces. Which comes
+    first differs between ranks, and Gloo matches collectives by the order they are issued: with more
+    than one bucket, ranks exchange a P for a Q and fail ("Received data size doesn't match expected
+    size") or hang. In bucket order, every rank issues the same collectives in the same order; the
+    backward computation still overlaps with communication, one bucket's at a time.
+    """
+    previous = None
+
+    @functools.wraps(hook)  # the name PyTorch's DDP logs, and `observe` reads, stays the hook's own
+    def ordered(state, bucket) -> torch.futures.Future[torch.Tensor]:
+        nonlocal previous
+        result = torch.futures.Future()
+
+        def settle(done) -> None:
+            try:
+                result.set_result(done.value())
+            except Exception as error:  # noqa: BLE001 - the failure is the reducer's to raise
+                result.set_exception(error)
+
+        def start(_=None) -> None:
+            try:
+                hook(state, bucket).then(settle)
+            except Exception as error:  # noqa: BLE001
+                result.set_exception(error)
+
+        if bucket.index() == 0 or previous is None:  # the first bucket of an iteration starts at once
+            start()
+        else:
+            previous.then(start)
+        previous = result
+        return result
+
+    return ordered
 
 
 class Clock:
@@ -114,7 +159,11 @@ def wrap(model: torch.nn.Module, config: RunConfig, device: torch.device, group=
         # covers them), so that measured iterations compress.
         state = powerSGD.PowerSGDState(process_group=group, matrix_approximation_rank=config.powersgd_rank,
                                        start_powerSGD_iter=2)
-        ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
+        ddp.register_comm_hook(state, in_bucket_order(powerSGD.powerSGD_hook))
+    elif config.comm_hook != "none" and config.impl == "torch":
+        # PyTorch's DDP gets PyTorch's own hooks: it refuses ddp_core's (their return annotation is not
+        # the Future[Tensor] it checks for), and its users would register these.
+        ddp.register_comm_hook(group, TORCH_DEFAULT_HOOKS[config.comm_hook])
     elif config.comm_hook != "none":
         ddp.register_comm_hook(None, ddp_module.hooks.HOOKS[config.comm_hook])
     if config.compile != "none":

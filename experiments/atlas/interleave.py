@@ -1,0 +1,95 @@
+"""What each rank runs for one block of the atlas: one replica of the model per variant, interleaved.
+
+Why interleaved: on a shared machine one set of processes runs 10-30% faster or slower than the next,
+and its speed drifts within seconds (see regression/interleaved.py, which A/Bs two revisions the same
+way). A variant measured in its own run would carry that drift into its ratio to the default. Here
+every variant's replica lives in the same processes, and in each round every variant runs one iteration,
+in an order shuffled anew per round (the same order on every rank, so that collectives match): drift
+hits all variants alike, and the rounds pair each variant's iteration with the default's of that round.
+
+Every replica is built with the same seed and trains on the same batch (harness.build seeds both from
+the config), wrapped in PyTorch's DDP with its variant's options (harness.wrap, as `run --impl torch`
+wraps it). After the rounds, each replica's DDP is asked what it was given (`observe`): the atlas
+tabulates no variant whose DDP did not run with its options.
+"""
+from __future__ import annotations
+
+import random
+import resource
+import time
+
+from experiments.core.config import RunConfig
+
+
+def observe(ddp) -> dict:
+    """The options PyTorch's DDP module (or its torch.compile wrapper) runs with, as it reports them itself
+    (its logging data: what the C++ reducer was told), and its communication hook with that hook's state."""
+    inner = getattr(ddp, "_orig_mod", ddp)  # under torch.compile, the DDP module it wraps
+    data = inner._get_ddp_logging_data()
+    hooks = getattr(inner, "_comm_hooks", [])
+    state = hooks[0][1] if hooks else None
+    return {"find_unused_parameters": bool(data.get("find_unused_parameters")),
+            "static_graph": bool(data.get("static_graph")),
+            "gradient_as_bucket_view": bool(data.get("gradient_as_bucket_view")),
+            "bucket_cap_mb": data["bucket_cap_bytes"] / 2**20,
+            "comm_hook": hooks[0][0].__name__ if hooks else "none",
+            "powersgd_rank": getattr(state, "matrix_approximation_rank", None),
+            # PowerSGD counts the iterations it ran (its state's `iter`): proof that the hook ran, not only
+            # that it was registered
+            "hook_iterations": getattr(state, "iter", None),
+            "compiled": inner is not ddp}
+
+
+def measure_block(rank: int, world_size: int, variants: dict[str, dict], session: str) -> dict:
+    """On one rank: build a replica per variant (name -> RunConfig fields), warm each up, then run the
+    rounds (each config's `iters`), one iteration per variant per round in a shuffled order. Returns, per
+    variant, the seconds of its iteration in each round (the slowest rank's), its position in each round's
+    order, its warm-up and build seconds (the slowest rank's), what its DDP reports (`observe`), and the
+    CPU seconds all ranks spent on the block (to tell how busy other processes kept the machine)."""
+    import torch.distributed as dist
+
+    from experiments.measure import harness
+
+    cpu_start = _cpu_seconds()
+    configs = {name: RunConfig(**fields) for name, fields in variants.items()}
+    names = list(configs)
+    rounds = configs[names[0]].iters
+    # A replica runs a little faster or slower depending on where its memory landed; building in a
+    # shuffled order keeps the default from always getting the first (freshest) memory.
+    trainees, build_s = {}, {}
+    for name in random.Random(f"{session}-build").sample(names, len(names)):
+        started = time.perf_counter()
+        trainees[name] = harness.build(rank, configs[name])
+        build_s[name] = time.perf_counter() - started
+    clock = harness.Clock(trainees[names[0]].device)
+
+    def iteration(name: str) -> float:
+        t = trainees[name]
+        clock.start()
+        harness.train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark, t.precision)
+        return clock.seconds()["optimizer"]
+
+    warmup_s = {}
+    for name in names:  # the first iteration of a compiled variant compiles: minutes, on a CPU
+        warmup_s[name] = sum(iteration(name) for _ in range(configs[name].warmup))
+    local = {name: [] for name in names}
+    positions = {name: [] for name in names}
+    for index in range(rounds):
+        order = random.Random(f"{session}-{index}").sample(names, len(names))
+        for position, name in enumerate(order):
+            positions[name].append(position)
+            local[name].append(iteration(name))
+    # An iteration takes as long as its slowest rank: gather every variant's times in one go.
+    slowest = harness.slowest_per_iteration([s for name in names for s in local[name]])
+    setup = [None] * dist.get_world_size()
+    dist.all_gather_object(setup, {"warmup_s": warmup_s, "build_s": build_s, "cpu_s": _cpu_seconds() - cpu_start})
+    ranks_cpu_s = sum(s["cpu_s"] for s in setup)
+    return {name: {"latency_s": slowest[i * rounds:(i + 1) * rounds], "positions": positions[name],
+                   "warmup_s": max(s["warmup_s"][name] for s in setup), "build_s": max(s["build_s"][name] for s in setup),
+                   "observed": observe(trainees[name].ddp), "ranks_cpu_s": ranks_cpu_s}
+            for i, name in enumerate(names)}
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
