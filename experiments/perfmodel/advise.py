@@ -25,6 +25,7 @@ from experiments.measure.configs import expand_grid
 from experiments.perfmodel import probe
 from experiments.perfmodel import profiler as profiling
 from experiments.perfmodel.comm import CLUSTERS, CommModel
+from experiments.perfmodel.devices import Device, families, mismatch_warnings
 from experiments.perfmodel.predict import comm_model
 from experiments.perfmodel.report import build_report, format_markdown, format_terminal, write_outputs
 
@@ -138,6 +139,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if stored is not None:
         return _report(stored, comm, args, args.from_profile)
+    # Up front, before minutes of measuring: a profile of this device for another device's network.
+    for warning in mismatch_warnings(this_device(config.device), "profile", comm, args.cluster, config.device,
+                                     args.compute_s):
+        print(f"ddpbench advise: warning: {warning}", file=sys.stderr, flush=True)
     kept: list[dict] = []
     with tempfile.TemporaryDirectory() as scratch:
         records = (args.out.with_name(args.out.name + ".profile.jsonl") if args.out is not None
@@ -153,6 +158,16 @@ def main(args: argparse.Namespace) -> int:
     if counts["failed"] and not (kept and "probes" in kept[0]):
         return 1  # the ranks' error is printed above
     return _report(kept[0], comm, args, records if args.out is not None else None)
+
+
+def this_device(device: str) -> Device:
+    """The device `advise` is about to profile on: this machine's GPU (device cuda) or its CPU."""
+    if device == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name(0)
+        return Device("gpu", name, families(name))
+    return Device("cpu", "this CPU")
 
 
 def _stored(path: Path, model: str) -> dict:

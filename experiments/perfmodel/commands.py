@@ -31,6 +31,7 @@ from experiments.core.profile import Profile, config_value
 from experiments.core.records import read_records
 from experiments.measure.configs import expand_grid
 from experiments.perfmodel.comm import CLUSTERS
+from experiments.perfmodel.devices import device_warnings
 from experiments.perfmodel.gpus import PEAK_FP32_FLOPS, TRAINING_FLOPS, scale_profile_record
 from experiments.perfmodel.predict import (
     DEFAULT_CAPS,
@@ -41,7 +42,6 @@ from experiments.perfmodel.predict import (
     format_rows,
     near_best,
     predict_rows,
-    profile_warnings,
 )
 from experiments.perfmodel.profiler import profile_config
 from experiments.perfmodel.simulate import Schedule
@@ -217,16 +217,15 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return 2
-    warnings = profile_warnings(profile, args.cluster, args.compute_s)
+    # Up front, before any figure: a prediction read before its caveat misleads.
+    warnings = device_warnings(profile, comm, args.cluster, args.device, args.compute_s)
     if trace is not None:
-        from experiments.perfmodel.trace import device_warnings
-
-        warnings += device_warnings(trace, args.cluster, args.device, args.compute_s) + trace.warnings
+        warnings += trace.warnings
     for warning in warnings:
-        print(f"ddpbench {args.command}: warning: {warning}", file=sys.stderr)
+        print(f"ddpbench {args.command}: warning: {warning}", file=sys.stderr, flush=True)
     rows = predict_rows(profile, comm, plans, None if trace is None else trace.other + trace.accumulate)
     result = {"model": profile.model, "profile": profile.config, "network": comm.name, "source": comm.source,
-              "predictions": rows}
+              "warnings": warnings, "predictions": rows}
     if args.command == "tune-bucket":
         near = [row["bucket_mb"] for row in near_best(rows)]
         result["recommended_bucket_mb"] = near[0]

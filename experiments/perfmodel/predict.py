@@ -83,15 +83,6 @@ def describe_profile(profile: Profile, source: Path, compute_s: float | None) ->
             f"sequence length {c['seq_len']}, {c['threads']} thread(s), measured {copies}{scaled}; from {source}")
 
 
-def profile_warnings(profile: Profile, cluster: str | None, compute_s: float | None) -> list[str]:
-    """Warnings about a profile that does not fit the cluster asked for."""
-    if cluster and "nccl" in cluster and profile.config["device"] == "cpu" and compute_s is None and not profile.scaled_to:
-        return [f"a CPU profile used for the GPU cluster --cluster={cluster}: the compute times are this CPU's, "
-                "far longer than a GPU's, so communication looks cheap; pass --compute-s with the GPU's compute "
-                "seconds per iteration, or profile on a GPU (ddpbench profile --device cuda)"]
-    return []
-
-
 def format_rows(rows: list[dict]) -> str:
     """A plain-text table of prediction rows."""
     header = (f"{'ranks':>6} {'cap MB':>7} {'overlap':>7} {'every':>5} {'groups':>6} {'buckets':>7} "

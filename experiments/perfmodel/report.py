@@ -15,6 +15,7 @@ from pathlib import Path
 from ddp_core.bucketing import TensorSpec, assign_buckets
 from experiments.core.profile import Profile
 from experiments.perfmodel.comm import CommModel, Link
+from experiments.perfmodel.devices import device_warnings
 from experiments.perfmodel.predict import (
     DEFAULT_CAPS,
     TOLERANCE,
@@ -22,7 +23,6 @@ from experiments.perfmodel.predict import (
     describe_profile,
     near_best,
     predict_rows,
-    profile_warnings,
 )
 from experiments.perfmodel.probe import medians
 from experiments.perfmodel.simulate import Schedule, simulate
@@ -89,7 +89,7 @@ def build_report(record: dict, comm: CommModel, args, profile_path: Path | None)
     if args.compute_s:
         profile = profile.scaled(args.compute_s / profile.compute)
     report["profile"] = describe_profile(profile, profile_path or "(not kept: pass --out)", args.compute_s)
-    report["warnings"] += profile_warnings(profile, args.cluster, args.compute_s)
+    report["warnings"] += device_warnings(profile, comm, args.cluster, record["config"]["device"], args.compute_s)
     iterations = [sum(row[k] for k in ("forward", "backward", "tail", "optimizer")) for row in record["synced"]]
     quartiles = statistics.quantiles(iterations, n=4) if len(iterations) > 1 else [iterations[0]] * 3
     _figure(figures, "compute per iteration, the profile (forward / backward / optimizer)",
