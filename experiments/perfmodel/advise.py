@@ -36,8 +36,10 @@ SINGLE = ("model", "model_config", "amp", "batch_size", "image_size", "seq_len",
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`ddpbench advise`'s options."""
     defaults = RunConfig()
-    parser.add_argument("--model", required=True, help="the model: a built-in name, torchvision:NAME, "
-                        "transformers:TYPE, path/to/file.py or package.module (docs/your-model.md)")
+    parser.add_argument("--model", help="the model: a built-in name, torchvision:NAME, transformers:TYPE, "
+                        "path/to/file.py or package.module (docs/your-model.md); with --trace, a name for it")
+    parser.add_argument("--trace", type=Path, help="measure nothing: advise from a torch.profiler trace (JSON, "
+                        "record_shapes=True) of your own training loop (docs/trace.md)")
     parser.add_argument("--model-config", dest="model_config", help="key=value,... for --model")
     parser.add_argument("--amp", help="none (default), bf16, fp16 (CUDA)")
     for name in ("batch_size", "image_size", "seq_len", "iters", "warmup"):
@@ -88,7 +90,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
 
 def network(args: argparse.Namespace, config: RunConfig) -> CommModel:
     """The network advise predicts for: --cluster, or this machine's all-reduce records (--allreduce,
-    default results/runs/<machine>) behind --link if given."""
+    default results/runs/<machine>) of the config's backend and device, behind --link if given."""
     allreduce = args.allreduce or Path(__file__).resolve().parents[2] / "results" / "runs" / machine_name()
     if args.cluster is None and not allreduce.exists():
         raise ConfigError(f"--allreduce: no all-reduce records at {allreduce}; measure them with `ddpbench allreduce "
@@ -124,7 +126,11 @@ def main(args: argparse.Namespace) -> int:
     from experiments.args import check_output
     from experiments.measure.sweep import run_jobs
 
+    if args.trace is not None:
+        return _trace(args)
     try:
+        if args.model is None:
+            raise ConfigError("--model is required (the model to profile), or --trace (a trace of your own loop)")
         config = resolve(args)
         comm = network(args, config)
         if args.out is not None:
@@ -158,6 +164,45 @@ def main(args: argparse.Namespace) -> int:
     if counts["failed"] and not (kept and "probes" in kept[0]):
         return 1  # the ranks' error is printed above
     return _report(kept[0], comm, args, records if args.out is not None else None)
+
+
+# Options that say what advise measures; a trace is measured already.
+MEASURING = ("model_config", "amp", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device",
+             "colocated", "from_profile")
+
+
+def _trace(args: argparse.Namespace) -> int:
+    """`advise --trace`: the report from a trace of the user's own loop; nothing is measured."""
+    from experiments.perfmodel.commands import traced_profile
+    from experiments.perfmodel.report import build_trace_report
+
+    try:
+        given = [f"--{name.replace('_', '-')}" for name in MEASURING if getattr(args, name, None) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} {'say' if len(given) > 1 else 'says'} what advise measures; with "
+                              "--trace nothing is measured "
+                              "(drop them, or trace your loop with the inputs you want)")
+        if args.world_size < 1:
+            raise ConfigError(f"--world-size={args.world_size} is not allowed; it must be >= 1")
+        if args.compute_s is not None:
+            check_positive("compute-s", args.compute_s)
+        if args.out is not None:
+            from experiments.args import check_output
+
+            for suffix in (".md", ".json"):
+                check_output(args.out.with_name(args.out.name + suffix))
+        trace = traced_profile(args)
+        device = trace.profile.config["device"]
+        comm = network(args, RunConfig(backend="nccl" if device == "cuda" else "gloo", device=device))
+    except ConfigError as error:
+        print(f"ddpbench advise: error: {error}", file=sys.stderr)
+        return 2
+    report = build_trace_report(trace, comm, args, args.trace)
+    print(format_terminal(report))
+    if args.out is not None:
+        write_outputs(report, args.out, format_markdown(report))
+        print(f"ddpbench advise: wrote {args.out}.md and {args.out}.json", file=sys.stderr)
+    return 0
 
 
 def this_device(device: str) -> Device:
