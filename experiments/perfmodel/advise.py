@@ -144,7 +144,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"ddpbench advise: error: {error}", file=sys.stderr)
         return 2
     if stored is not None:
-        return _report(stored, comm, args, args.from_profile)
+        found = read_records(args.from_profile)
+        return _report(stored, *_interference(comm, args, found, config), args, args.from_profile)
     # Up front, before minutes of measuring: a profile of this device for another device's network.
     for warning in mismatch_warnings(this_device(config.device), "profile", comm, args.cluster, config.device,
                                      args.compute_s):
@@ -161,9 +162,35 @@ def main(args: argparse.Namespace) -> int:
         counts = run_jobs([config], records, measure, make_record, "profile", timeout=args.timeout,
                           on_record=lambda job, record, per_rank: kept.append(record),
                           echo=lambda line: print(line, file=sys.stderr))
+        if args.cluster is None and args.world_size > 1 and kept and kept[0]["status"] == "ok":
+            # The ranks will share this host: how much their backward slows while Gloo reduces beside it.
+            from experiments.perfmodel import interference
+
+            probe = interference.probe_config(config, max(2, config.world_size))
+            print(f"ddpbench advise: probing interference ({probe.world_size} ranks, backward alone and beside an "
+                  "all-reduce of the gradient bytes) ...", file=sys.stderr)
+            run_jobs([probe], records, interference.measure, interference.make_record, "interference",
+                     timeout=args.timeout, on_record=lambda job, record, per_rank: kept.append(record),
+                     echo=lambda line: print(line, file=sys.stderr))
     if counts["failed"] and not (kept and "probes" in kept[0]):
         return 1  # the ranks' error is printed above
-    return _report(kept[0], comm, args, records if args.out is not None else None)
+    return _report(kept[0], *_interference(comm, args, kept, config), args,
+                   records if args.out is not None else None)
+
+
+def _interference(comm: CommModel, args: argparse.Namespace, found: list[dict], config: RunConfig):
+    """`comm` with the interference term of `config`'s model among `found` (the probe advise just ran, or
+    the --from-profile file's), else the fit's (results/runs), and the line that says which or why none."""
+    from experiments.perfmodel import interference
+
+    if args.cluster is not None:
+        return (dataclasses.replace(comm, interference=None),
+                interference.describe(None, f"the probe measures this machine, not {args.cluster}'s GPUs"))
+    if args.world_size == 1:
+        return comm, interference.describe(None, "one rank reduces nothing")
+    term = interference.pick(found, config.backend, config.device, model=config.model) or comm.interference
+    why = "no interference probe in the profile file or with this machine's all-reduce records"
+    return dataclasses.replace(comm, interference=term), interference.describe(term, why)
 
 
 # Options that say what advise measures; a trace is measured already.
@@ -193,11 +220,13 @@ def _trace(args: argparse.Namespace) -> int:
                 check_output(args.out.with_name(args.out.name + suffix))
         trace = traced_profile(args)
         device = trace.profile.config["device"]
-        comm = network(args, RunConfig(backend="nccl" if device == "cuda" else "gloo", device=device))
+        traced = RunConfig(model=trace.profile.model, backend="nccl" if device == "cuda" else "gloo", device=device)
+        comm, interference_line = _interference(network(args, traced), args, [], traced)
     except ConfigError as error:
         print(f"ddpbench advise: error: {error}", file=sys.stderr)
         return 2
     report = build_trace_report(trace, comm, args, args.trace)
+    report["interference"] = interference_line
     print(format_terminal(report))
     if args.out is not None:
         write_outputs(report, args.out, format_markdown(report))
@@ -226,8 +255,9 @@ def _stored(path: Path, model: str) -> dict:
     return found[-1]
 
 
-def _report(record: dict, comm, args, profile_path: Path | None) -> int:
+def _report(record: dict, comm, interference_line: str, args, profile_path: Path | None) -> int:
     report = build_report(record, comm, args, profile_path)
+    report["interference"] = interference_line
     print(format_terminal(report))
     if args.out is not None:
         write_outputs(report, args.out, format_markdown(report))

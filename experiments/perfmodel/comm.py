@@ -34,6 +34,21 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Interference:
+    """How much compute slows while communication runs beside it, as a probe measured it
+    (perfmodel/interference.py): extra seconds of compute per byte all-reduced while compute runs,
+    beyond what the model charges already (on shared cores: beyond doing both one after the other)."""
+
+    seconds_per_byte: float
+    slowdown: float  # the probe's backward beside its all-reduce against alone, minus 1 (for the reader)
+    source: str  # which probe: model, bytes, machine, when
+
+    def describe(self) -> str:
+        """`+0.31 ms per MB reduced beside compute (backward 12% slower beside ...)`."""
+        return f"{self.seconds_per_byte * 1e9:+.2f} ms per MB reduced beside compute ({self.source})"
+
+
+@dataclass(frozen=True)
 class CommModel:
     """Collective costs on a machine or a cluster of servers with `per_server` ranks each.
 
@@ -51,6 +66,7 @@ class CommModel:
     source: str = ""
     cpu: Link | None = None
     gpus: tuple[str, ...] = ()  # a cluster preset's GPUs, e.g. ("h100", "h200"): what its compute should be of
+    interference: Interference | None = None  # None: compute is taken not to slow beside communication
 
     def link(self, ranks: int) -> Link:
         """The link that bounds a ring over `ranks`: the slowest level the ring crosses."""
@@ -142,6 +158,7 @@ def emulated(machine: CommModel, link: str, rate_bps: float, ranks_per_host: int
         raise ValueError(f"an emulated link needs this machine's fitted all-reduce, not {machine.name!r}")
     return CommModel(name=f"emulated {link} link", intra=machine.intra, per_server=ranks_per_host,
                      inter=Link(alpha=machine.intra.alpha, busbw=rate_bps / 8), cpu=machine.intra,
+                     interference=machine.interference,
                      source=f"{link} as configured (bus bandwidth {rate_bps / 8 / GB:.3f} GB/s), {ranks_per_host} rank(s) "
                             f"per host; per-step latency and the cores' share from this machine's fit "
                             f"(alpha {machine.intra.alpha * 1e6:.0f} us, {machine.intra.busbw / GB:.2f} GB/s)")

@@ -204,7 +204,9 @@ def format_terminal(report: dict) -> str:
     lines = [f"ddpbench advise: {report['model']}"
              + (f" ({report['model_config']})" if report["model_config"] else "")
              + (f", amp {report['amp']}" if report["amp"] != "none" else ""),
-             f"network: {report['network']} ({report['network_source']})", str(report["profile"]), ""]
+             f"network: {report['network']} ({report['network_source']})", str(report["profile"])]
+    lines += [report["interference"]] if report.get("interference") else []
+    lines += [""]
     # Warnings first: a figure read before its caveat misleads (a CPU profile on a GPU cluster, ...).
     lines += [f"warning: {w}" for w in report["warnings"]] + ([""] if report["warnings"] else [])
     lines += [f"{f['figure']:<{width}}  {f['kind']:<9}  {f['value']}" for f in report["figures"]]
@@ -227,7 +229,7 @@ def format_markdown(report: dict) -> str:
     if report["model_config"]:
         lines += [f"- model configuration: `{report['model_config']}`"]
     lines += [f"- amp: {report['amp']}", f"- network: {report['network']} ({report['network_source']})",
-              f"- {report['profile']}", ""]
+              f"- {report['profile']}"] + ([f"- {report['interference']}"] if report.get("interference") else []) + [""]
     lines += [f"> warning: {w}" for w in report["warnings"]] + ([""] if report["warnings"] else [])
     lines += ["| figure | value | |", "|---|---|---|"]
     lines += [f"| {f['figure']} | {f['value']} | {f['kind']} |" for f in report["figures"]]
