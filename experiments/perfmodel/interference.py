@@ -13,11 +13,15 @@ and `advise` run it):
    before the same backward: the backward's time and the time until both are done;
 3. per round, the slowest rank sets each time (a synchronised job runs at its slowest rank's pace).
 
-From that (`Interference.seconds_per_byte`, per round, then the median): the bytes reduced beside
+From that (per round, then the median; `Interference.measured`): the bytes reduced beside
 backward are the buffer's bytes times the share of the lone all-reduce that fits in the lone backward
 (min(1, A/B)), as the simulation counts them; the extra is, where communication shares the compute cores
 (device cpu), `both done - A - B` (what side by side costs beyond one after the other, which the model
 charges already), and elsewhere (GPUs) `backward beside - A` (the model charges compute nothing).
+The model adds that term where it is positive (`Interference.seconds_per_byte`); a negative one (side
+by side cheaper than one after the other: one rank's Gloo thread waits on the network while its compute
+runs) is kept in the record and named, but not modelled - the term is a slowdown, and on shared cores
+the model's baseline stays one after the other.
 The record (`kind: interference`) is stored with the all-reduce records the fit reads; the model uses
 the newest probe of the predicted model, else the newest of any model, else none and says so.
 """
@@ -176,7 +180,7 @@ def make_record(config: InterferenceConfig, per_rank: list[dict], wall_s: float)
                          "other_cores_busy": None if busy is None else max(0.0, busy - sum(r["own_cores"]
                                                                                         for r in per_rank))}}
     term = from_record(record)
-    record["summary"] = {"p50": statistics.median(record["backward_beside_s"]),
+    record["summary"] = {"p50": statistics.median(record["backward_beside_s"]), "measured_s_per_byte": term.measured,
                          "seconds_per_byte": term.seconds_per_byte, "slowdown": term.slowdown,
                          "spread_s_per_byte": _spread(record)}
     return record
@@ -216,8 +220,11 @@ def from_record(record: dict) -> Interference:
     load = f", {other:.1f} cores busy with other work" if other is not None else ""
     # NCCL's all-reduce in a world of one (a machine with one GPU) moves no data between ranks.
     alone_world = c["world_size"] == 1
+    measured = statistics.median(per_round(record))
+    # A slowdown only: where side by side measured cheaper than one after the other (Gloo's threads waiting
+    # on the network while the other computes), the model keeps its baseline and adds nothing.
     return Interference(
-        seconds_per_byte=statistics.median(per_round(record)), slowdown=beside / alone - 1,
+        seconds_per_byte=max(0.0, measured), measured=measured, slowdown=beside / alone - 1,
         source=f"probe of {c['model']} on {c['device']} ({c['backend']}), {c['world_size']} rank(s): backward "
                f"{alone * 1e3:.1f} ms alone, {beside * 1e3:.1f} ms beside an all-reduce of {record['bytes'] / 1e6:.1f} MB"
                f"{' of a world of one, which moves no data: a lower bound' if alone_world else ''}"

@@ -23,12 +23,13 @@ def measured_latency(record: dict) -> float:
 
 
 def prediction_errors(runs: Path, backend: str = "gloo", device: str = "cpu", allreduce: Path | None = None,
-                      interference: bool = True) -> list[dict]:
+                      interference: bool | Path = True) -> list[dict]:
     """Predicted against measured latency for every ddp_core run under `runs` that has a profile there.
 
     The network is fitted to the all-reduce records under `runs` (never to the runs themselves), or
     under `allreduce` where given. Runs with real compute take the interference term of the newest probe
-    of their model among those records, else of any model, else none (`interference=False`: none at all).
+    of their model among those records (or under `interference`, where it is a path), else of any
+    model, else none (`interference=False`: none at all).
     """
     records = read_records(runs)
     fitted = read_records(allreduce) if allreduce is not None else records
@@ -36,7 +37,8 @@ def prediction_errors(runs: Path, backend: str = "gloo", device: str = "cpu", al
         machine = fit(fitted, backend, device).model
     except ValueError:
         machine = None  # no loopback all-reduce records: only emulated-compute runs with their own fit are predicted
-    probes = [r for r in [*fitted, *(records if allreduce is not None else [])] if r.get("kind") == "interference"]
+    found = read_records(interference) if isinstance(interference, Path) else [*fitted, *(records if allreduce else [])]
+    probes = [r for r in found if r.get("kind") == "interference"]
     loopback: dict[int, CommModel] = {}  # per world size, for the scale model's hosts
     rows = []
     for record in records:
