@@ -20,15 +20,15 @@ for part in $PARTS; do
   load "$part start"
   case $part in
     probes)
-      python - $OUT/probes.jsonl <<'PY'
+      # (python -c, not a script on stdin: the ranks re-import the main module, which stdin cannot give)
+      python -c '
 import sys
 from pathlib import Path
 from experiments.perfmodel.interference import InterferenceConfig, run_probes
-if __name__ == "__main__":
-    run_probes([InterferenceConfig(model=m, backend="gloo", device="cpu", world_size=2, threads=1, batch_size=2,
-                                   image_size=32, seq_len=16, rounds=7) for m in ("resnet50", "bert-base")],
-               Path(sys.argv[1]))
-PY
+run_probes([InterferenceConfig(model=m, backend="gloo", device="cpu", world_size=2, threads=1, batch_size=2,
+                               image_size=32, seq_len=16, rounds=7) for m in ("resnet50", "bert-base")],
+           Path(sys.argv[1]))
+' $OUT/probes.jsonl
       ;;
     link)
       ./ddpbench profile --model resnet50,bert-base $QUICK --colocated 2 --iters 10 --warmup 2 --out $OUT/link/profile.jsonl

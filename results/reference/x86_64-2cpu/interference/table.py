@@ -73,7 +73,7 @@ def fresh(out: Path) -> list[str]:
         return ["## 2. Fresh subset: not measured", ""]
     lines = ["## 2. Fresh subset in one session: E2 at 2.5 Gbit/s, 2 emulated hosts", ""]
     lines += probe_lines(folder / "profile.jsonl") + [""]
-    lines += ["| model | overlap | measured ms | cores busy | predicted ms, no term | error | with the term | error |",
+    lines += ["| model | overlap | measured ms | cores busy (of 2, all processes) | predicted ms, no term | error | with the term | error |",
               "|---|---|---|---|---|---|---|---|"]
     runs = {(r["config"]["model"], r["config"]["impl"]): r for r in read_records(folder / "runs.jsonl")
             if r.get("kind") == "run"}
@@ -109,7 +109,7 @@ def vit_rows(profile_record: dict, runs: list[dict], probes: list[dict]) -> list
 
 def vit(out: Path) -> list[str]:
     folder = out / "vit"
-    header = ["| overlap | measured ms | cores busy | predicted ms, no term | error | with the term | error |",
+    header = ["| overlap | measured ms | cores busy (of 2, all processes) | predicted ms, no term | error | with the term | error |",
               "|---|---|---|---|---|---|---|"]
     if not (folder / "runs.jsonl").exists():
         return ["## 3. ViT-B/16 advise: not measured", ""]
