@@ -269,3 +269,43 @@ def test_a_trace_made_under_ddp_with_other_ranks_is_warned_about(cpu_trace, tmp_
     path.write_text(json.dumps(data))
     assert main(["predict", "--trace", str(path), "--cluster", "paper-v100-nccl", "--compute-s", "0.01"]) == 0
     assert ("traced under DDP with 4 ranks" in capsys.readouterr().err) == warned
+
+
+def test_advise_from_a_trace_predicts_what_predict_does_and_writes_its_report(cpu_trace, tmp_path, capsys):
+    path, _ = cpu_trace
+    out = tmp_path / "advice"
+    assert main(["advise", "--trace", str(path), "--cluster", "paper-v100-nccl", "--world-size", "8",
+                 "--compute-s", "0.01", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "trace:" in text and "recommended bucket cap" in text and "waits" in text and "gradient #" in text
+    report = json.loads(out.with_name(out.name + ".json").read_text())
+    figure = {f["figure"]: f for f in report["figures"]}
+    assert main(["predict", "--trace", str(path), "--cluster", "paper-v100-nccl", "--world-size", "8",
+                 "--compute-s", "0.01", "--json"]) == 0
+    predicted = json.loads(capsys.readouterr().out)["predictions"][0]  # 25 MB, the same schedule
+    assert figure["iteration at 8 ranks, 25 MB buckets"]["number"] * 1e3 == pytest.approx(predicted["latency_ms"])
+    other = figure["other: data loading, your own work, earlier micro-batches (added as traced)"]["number"]
+    assert other * 1e3 == pytest.approx(predicted["other_ms"]) and other > 0
+    assert len(report["buckets"]) >= 1 and "buckets_registration_order" not in report  # a trace has no model order
+    assert out.with_name(out.name + ".md").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--batch-size", "4"], "--batch-size says what advise measures; with --trace nothing is measured"),
+    (["--from-profile", "x.jsonl", "--iters", "3"], "--iters, --from-profile say what advise measures"),
+    (["--world-size", "0"], "--world-size=0 is not allowed"),
+])
+def test_advise_from_a_trace_refuses_what_only_measuring_takes(cpu_trace, capsys, argv, needle):
+    path, _ = cpu_trace
+    assert main(["advise", "--trace", str(path), "--cluster", "paper-v100-nccl", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_advise_needs_a_model_or_a_trace_and_refuses_a_trace_that_lacks_shapes(tmp_path, capsys):
+    assert main(["advise", "--cluster", "paper-v100-nccl"]) == 2
+    assert "--model is required (the model to profile), or --trace" in capsys.readouterr().err
+    path = tmp_path / "noshapes.json"
+    _trace(path, shapes=False)
+    assert main(["advise", "--trace", str(path), "--cluster", "paper-v100-nccl"]) == 2
+    err = capsys.readouterr().err
+    assert "has no tensor shapes" in err and "record_shapes=True" in err

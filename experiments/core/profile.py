@@ -32,6 +32,7 @@ class Profile:
     buffer_bytes: int
     config: dict
     scaled_to: dict | None = None  # a profile scaled to a GPU's estimated time (perfmodel.gpus)
+    hardware: str | None = None  # the GPU's (device cuda) or CPU's name the record's env gives, where it has one
 
     @property
     def compute(self) -> float:
@@ -59,7 +60,13 @@ class Profile:
                    optimizer=median(synced, "optimizer"), skipped_forward=median(skipped, "forward"),
                    skipped_backward=median(skipped, "backward"), nbytes=tuple(record["bytes"]),
                    dtypes=tuple(record["dtypes"]), buffer_bytes=record["buffer_bytes"], config=record["config"],
-                   scaled_to=record.get("scaled_to"))
+                   scaled_to=record.get("scaled_to"), hardware=_hardware(record))
+
+
+def _hardware(record: dict) -> str | None:
+    """The name of what a profile record was measured on: its env's GPU on CUDA, else its CPU."""
+    env = record.get("env") or {}
+    return env.get("gpu") if record["config"].get("device") == "cuda" else env.get("cpu")
 
 
 # What makes two configs share a profile: the model, its inputs, the device and the compute threads.

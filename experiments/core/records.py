@@ -25,7 +25,7 @@ from typing import Iterator
 
 SCHEMA_VERSION = 2  # 2: run records no longer store `breakdown_s` (derived from `phases_s` on loading)
 READABLE_VERSIONS = (1, 2)
-KINDS = ("run", "allreduce", "train", "profile")
+KINDS = ("run", "allreduce", "train", "profile", "interference")
 # The phases of an iteration a run record times (`phases_s`), in their order within the iteration.
 RUN_PHASES = ("forward", "backward", "exposed_comm", "optimizer")
 TAIL_CHUNK = 1 << 16  # how far back to look at once for the last newline (a record can be megabytes)

@@ -25,6 +25,7 @@ from experiments.measure.configs import expand_grid
 from experiments.perfmodel import probe
 from experiments.perfmodel import profiler as profiling
 from experiments.perfmodel.comm import CLUSTERS, CommModel
+from experiments.perfmodel.devices import Device, families, mismatch_warnings
 from experiments.perfmodel.predict import comm_model
 from experiments.perfmodel.report import build_report, format_markdown, format_terminal, write_outputs
 
@@ -35,8 +36,10 @@ SINGLE = ("model", "model_config", "amp", "batch_size", "image_size", "seq_len",
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`ddpbench advise`'s options."""
     defaults = RunConfig()
-    parser.add_argument("--model", required=True, help="the model: a built-in name, torchvision:NAME, "
-                        "transformers:TYPE, path/to/file.py or package.module (docs/your-model.md)")
+    parser.add_argument("--model", help="the model: a built-in name, torchvision:NAME, transformers:TYPE, "
+                        "path/to/file.py or package.module (docs/your-model.md); with --trace, a name for it")
+    parser.add_argument("--trace", type=Path, help="measure nothing: advise from a torch.profiler trace (JSON, "
+                        "record_shapes=True) of your own training loop (docs/trace.md)")
     parser.add_argument("--model-config", dest="model_config", help="key=value,... for --model")
     parser.add_argument("--amp", help="none (default), bf16, fp16 (CUDA)")
     for name in ("batch_size", "image_size", "seq_len", "iters", "warmup"):
@@ -87,7 +90,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
 
 def network(args: argparse.Namespace, config: RunConfig) -> CommModel:
     """The network advise predicts for: --cluster, or this machine's all-reduce records (--allreduce,
-    default results/runs/<machine>) behind --link if given."""
+    default results/runs/<machine>) of the config's backend and device, behind --link if given."""
     allreduce = args.allreduce or Path(__file__).resolve().parents[2] / "results" / "runs" / machine_name()
     if args.cluster is None and not allreduce.exists():
         raise ConfigError(f"--allreduce: no all-reduce records at {allreduce}; measure them with `ddpbench allreduce "
@@ -123,7 +126,11 @@ def main(args: argparse.Namespace) -> int:
     from experiments.args import check_output
     from experiments.measure.sweep import run_jobs
 
+    if args.trace is not None:
+        return _trace(args)
     try:
+        if args.model is None:
+            raise ConfigError("--model is required (the model to profile), or --trace (a trace of your own loop)")
         config = resolve(args)
         comm = network(args, config)
         if args.out is not None:
@@ -137,7 +144,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"ddpbench advise: error: {error}", file=sys.stderr)
         return 2
     if stored is not None:
-        return _report(stored, comm, args, args.from_profile)
+        found = read_records(args.from_profile)
+        return _report(stored, *_interference(comm, args, found, config), args, args.from_profile)
+    # Up front, before minutes of measuring: a profile of this device for another device's network.
+    for warning in mismatch_warnings(this_device(config.device), "profile", comm, args.cluster, config.device,
+                                     args.compute_s):
+        print(f"ddpbench advise: warning: {warning}", file=sys.stderr, flush=True)
     kept: list[dict] = []
     with tempfile.TemporaryDirectory() as scratch:
         records = (args.out.with_name(args.out.name + ".profile.jsonl") if args.out is not None
@@ -150,9 +162,86 @@ def main(args: argparse.Namespace) -> int:
         counts = run_jobs([config], records, measure, make_record, "profile", timeout=args.timeout,
                           on_record=lambda job, record, per_rank: kept.append(record),
                           echo=lambda line: print(line, file=sys.stderr))
+        if args.cluster is None and args.world_size > 1 and kept and kept[0]["status"] == "ok":
+            # The ranks will share this host: how much their backward slows while Gloo reduces beside it.
+            from experiments.perfmodel import interference
+
+            probe = interference.probe_config(config, max(2, config.world_size))
+            print(f"ddpbench advise: probing interference ({probe.world_size} ranks, backward alone and beside an "
+                  "all-reduce of the gradient bytes) ...", file=sys.stderr)
+            run_jobs([probe], records, interference.measure, interference.make_record, "interference",
+                     timeout=args.timeout, on_record=lambda job, record, per_rank: kept.append(record),
+                     echo=lambda line: print(line, file=sys.stderr))
     if counts["failed"] and not (kept and "probes" in kept[0]):
         return 1  # the ranks' error is printed above
-    return _report(kept[0], comm, args, records if args.out is not None else None)
+    return _report(kept[0], *_interference(comm, args, kept, config), args,
+                   records if args.out is not None else None)
+
+
+def _interference(comm: CommModel, args: argparse.Namespace, found: list[dict], config: RunConfig):
+    """`comm` with the interference term of `config`'s model among `found` (the probe advise just ran, or
+    the --from-profile file's), else the fit's (results/runs), and the line that says which or why none."""
+    from experiments.perfmodel import interference
+
+    if args.cluster is not None:
+        return (dataclasses.replace(comm, interference=None),
+                interference.describe(None, f"the probe measures this machine, not {args.cluster}'s GPUs"))
+    if args.world_size == 1:
+        return comm, interference.describe(None, "one rank reduces nothing")
+    term = interference.pick(found, config.backend, config.device, model=config.model) or comm.interference
+    why = "no interference probe in the profile file or with this machine's all-reduce records"
+    return dataclasses.replace(comm, interference=term), interference.describe(term, why)
+
+
+# Options that say what advise measures; a trace is measured already.
+MEASURING = ("model_config", "amp", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device",
+             "colocated", "from_profile")
+
+
+def _trace(args: argparse.Namespace) -> int:
+    """`advise --trace`: the report from a trace of the user's own loop; nothing is measured."""
+    from experiments.perfmodel.commands import traced_profile
+    from experiments.perfmodel.report import build_trace_report
+
+    try:
+        given = [f"--{name.replace('_', '-')}" for name in MEASURING if getattr(args, name, None) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} {'say' if len(given) > 1 else 'says'} what advise measures; with "
+                              "--trace nothing is measured "
+                              "(drop them, or trace your loop with the inputs you want)")
+        if args.world_size < 1:
+            raise ConfigError(f"--world-size={args.world_size} is not allowed; it must be >= 1")
+        if args.compute_s is not None:
+            check_positive("compute-s", args.compute_s)
+        if args.out is not None:
+            from experiments.args import check_output
+
+            for suffix in (".md", ".json"):
+                check_output(args.out.with_name(args.out.name + suffix))
+        trace = traced_profile(args)
+        device = trace.profile.config["device"]
+        traced = RunConfig(model=trace.profile.model, backend="nccl" if device == "cuda" else "gloo", device=device)
+        comm, interference_line = _interference(network(args, traced), args, [], traced)
+    except ConfigError as error:
+        print(f"ddpbench advise: error: {error}", file=sys.stderr)
+        return 2
+    report = build_trace_report(trace, comm, args, args.trace)
+    report["interference"] = interference_line
+    print(format_terminal(report))
+    if args.out is not None:
+        write_outputs(report, args.out, format_markdown(report))
+        print(f"ddpbench advise: wrote {args.out}.md and {args.out}.json", file=sys.stderr)
+    return 0
+
+
+def this_device(device: str) -> Device:
+    """The device `advise` is about to profile on: this machine's GPU (device cuda) or its CPU."""
+    if device == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name(0)
+        return Device("gpu", name, families(name))
+    return Device("cpu", "this CPU")
 
 
 def _stored(path: Path, model: str) -> dict:
@@ -166,8 +255,9 @@ def _stored(path: Path, model: str) -> dict:
     return found[-1]
 
 
-def _report(record: dict, comm, args, profile_path: Path | None) -> int:
+def _report(record: dict, comm, interference_line: str, args, profile_path: Path | None) -> int:
     report = build_report(record, comm, args, profile_path)
+    report["interference"] = interference_line
     print(format_terminal(report))
     if args.out is not None:
         write_outputs(report, args.out, format_markdown(report))

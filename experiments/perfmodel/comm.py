@@ -34,6 +34,26 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Interference:
+    """How much compute slows while communication runs beside it, as a probe measured it
+    (perfmodel/interference.py): extra seconds of compute per byte all-reduced while compute runs,
+    beyond what the model charges already (on shared cores: beyond doing both one after the other)."""
+
+    seconds_per_byte: float  # what the model adds: the measured term, or 0 where that is negative
+    slowdown: float  # the probe's backward beside its all-reduce against alone, minus 1 (for the reader)
+    source: str  # which probe: model, bytes, machine, when
+    measured: float | None = None  # the probe's median term as measured (seconds per byte; may be negative)
+
+    def describe(self) -> str:
+        """`+0.31 ms per MB reduced beside compute (probe of ...)`, or why no slowdown is modelled."""
+        measured = self.seconds_per_byte if self.measured is None else self.measured
+        if measured < 0:
+            return (f"+0 ms per MB: side by side measured {measured * 1e9:.2f} ms per MB cheaper than one after the "
+                    f"other, a gain the model does not take ({self.source})")
+        return f"{self.seconds_per_byte * 1e9:+.2f} ms per MB reduced beside compute ({self.source})"
+
+
+@dataclass(frozen=True)
 class CommModel:
     """Collective costs on a machine or a cluster of servers with `per_server` ranks each.
 
@@ -50,6 +70,8 @@ class CommModel:
     shares_cores: bool = False
     source: str = ""
     cpu: Link | None = None
+    gpus: tuple[str, ...] = ()  # a cluster preset's GPUs, e.g. ("h100", "h200"): what its compute should be of
+    interference: Interference | None = None  # None: compute is taken not to slow beside communication
 
     def link(self, ranks: int) -> Link:
         """The link that bounds a ring over `ranks`: the slowest level the ring crosses."""
@@ -141,6 +163,7 @@ def emulated(machine: CommModel, link: str, rate_bps: float, ranks_per_host: int
         raise ValueError(f"an emulated link needs this machine's fitted all-reduce, not {machine.name!r}")
     return CommModel(name=f"emulated {link} link", intra=machine.intra, per_server=ranks_per_host,
                      inter=Link(alpha=machine.intra.alpha, busbw=rate_bps / 8), cpu=machine.intra,
+                     interference=machine.interference,
                      source=f"{link} as configured (bus bandwidth {rate_bps / 8 / GB:.3f} GB/s), {ranks_per_host} rank(s) "
                             f"per host; per-step latency and the cores' share from this machine's fit "
                             f"(alpha {machine.intra.alpha * 1e6:.0f} us, {machine.intra.busbw / GB:.2f} GB/s)")
@@ -170,34 +193,34 @@ NVLINK_EFFICIENCY, IB_EFFICIENCY = 0.8, 0.9
 
 CLUSTERS: dict[str, CommModel] = {
     "paper-v100-nccl": CommModel(
-        name="paper-v100-nccl", per_server=8,
+        name="paper-v100-nccl", per_server=8, gpus=("v100",),
         intra=Link(alpha=5e-6, busbw=NVLINK_EFFICIENCY * 150 * GB),
         inter=Link(alpha=10e-6, busbw=IB_EFFICIENCY * 12.5 * GB),
         source="the paper's testbed: 8 V100 per server, NVLink 2.0 (6 links x 25 GB/s per direction = 150 GB/s, "
                "V100 datasheet), 100 Gb/s = 12.5 GB/s between servers (one NIC per server; as the paper describes its testbed, approx.); "
                "alpha 5 us inside a server and 10 us across (an assumption of NCCL's per-step latency); ring only"),
     "paper-v100-gloo": CommModel(
-        name="paper-v100-gloo", per_server=8,
+        name="paper-v100-gloo", per_server=8, gpus=("v100",),
         intra=Link(alpha=20e-6, busbw=5 * GB),
         inter=Link(alpha=50e-6, busbw=2.5 * GB),
         source="the paper's testbed with Gloo: GPU tensors staged through host memory and TCP; 5 GB/s and 20 us "
                "per step inside a server, 2.5 GB/s and 50 us across (about one TCP stream per rank pair on "
                "100 Gb/s) are assumptions, not measurements - fit your own with `ddpbench allreduce --backend gloo`"),
     "dgx-a100-nccl": CommModel(
-        name="dgx-a100-nccl", per_server=8,
+        name="dgx-a100-nccl", per_server=8, gpus=("a100",),
         intra=Link(alpha=4e-6, busbw=NVLINK_EFFICIENCY * 300 * GB),
         inter=Link(alpha=9e-6, busbw=IB_EFFICIENCY * 8 * 25 * GB),
         source="DGX A100 from NVIDIA's datasheet: NVLink 3 through NVSwitch (12 links x 25 GB/s = 300 GB/s per "
                "direction per GPU), eight 200 Gb/s (25 GB/s) HDR InfiniBand ports per server, one per GPU, used by "
                "parallel rings; alphas assumed (between the V100's and the H100's), not measured"),
     "h100-400g-nccl": CommModel(
-        name="h100-400g-nccl", per_server=8,
+        name="h100-400g-nccl", per_server=8, gpus=("h100", "h200"),
         intra=Link(alpha=3e-6, busbw=NVLINK_EFFICIENCY * 450 * GB),
         inter=Link(alpha=8e-6, busbw=IB_EFFICIENCY * 50 * GB),
         source="8 H100/H200 per server, NVLink 4 (18 links, 900 GB/s both directions = 450 GB/s per direction), "
                "400 Gb/s = 50 GB/s between servers (one link per server, as the issue states it); alphas assumed"),
     "dgx-h100-nccl": CommModel(
-        name="dgx-h100-nccl", per_server=8,
+        name="dgx-h100-nccl", per_server=8, gpus=("h100", "h200"),
         intra=Link(alpha=3e-6, busbw=NVLINK_EFFICIENCY * 450 * GB),
         inter=Link(alpha=8e-6, busbw=IB_EFFICIENCY * 8 * 50 * GB),
         source="DGX H100/H200 reference design: NVLink 4 inside (450 GB/s per direction), and eight 400 Gb/s "

@@ -31,6 +31,7 @@ from experiments.core.profile import Profile, config_value
 from experiments.core.records import read_records
 from experiments.measure.configs import expand_grid
 from experiments.perfmodel.comm import CLUSTERS
+from experiments.perfmodel.devices import device_warnings
 from experiments.perfmodel.gpus import PEAK_FP32_FLOPS, TRAINING_FLOPS, scale_profile_record
 from experiments.perfmodel.predict import (
     DEFAULT_CAPS,
@@ -41,7 +42,7 @@ from experiments.perfmodel.predict import (
     format_rows,
     near_best,
     predict_rows,
-    profile_warnings,
+    with_interference,
 )
 from experiments.perfmodel.profiler import profile_config
 from experiments.perfmodel.simulate import Schedule
@@ -59,6 +60,9 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--colocated", default="1", metavar="LIST",
                         help="comma-separated; profile N independent copies at once, as N ranks sharing this host "
                         "compute (default 1: one process alone)")
+    parser.add_argument("--interference-probe", default="on", metavar="on|off",
+                        help="after the profiles, probe each model's interference (its backward alone and beside an "
+                        "all-reduce of its gradient bytes, 2 ranks; a few seconds) into --out (default on)")
 
 
 def resolve(args: argparse.Namespace) -> list[RunConfig]:
@@ -72,7 +76,16 @@ def resolve(args: argparse.Namespace) -> list[RunConfig]:
                for c in expand_grid({**lists, "world_size": [1]}) for n in colocated]
     for config in configs:  # co-located GPU copies need a GPU each
         validate_backend(config.backend, config.device, config.world_size)
+    if args.interference_probe not in ("on", "off"):
+        raise ConfigError(f"--interference-probe={args.interference_probe!r} is not allowed; choose on or off")
     return configs
+
+
+def probes_of(configs: list[RunConfig]) -> list:
+    """One interference probe per profiled model and inputs, with the ranks this host gives it."""
+    from experiments.perfmodel.interference import probe_config, ranks_here
+
+    return list(dict.fromkeys(probe_config(c, ranks_here(c.device)) for c in configs))
 
 
 def run(configs: list[RunConfig], args: argparse.Namespace) -> dict:
@@ -80,7 +93,13 @@ def run(configs: list[RunConfig], args: argparse.Namespace) -> dict:
     from experiments.measure.sweep import run_jobs
     from experiments.perfmodel.profiler import make_record, measure
 
-    return run_jobs(configs, args.out, measure, make_record, "profile", resume=args.resume, timeout=args.timeout)
+    counts = run_jobs(configs, args.out, measure, make_record, "profile", resume=args.resume, timeout=args.timeout)
+    if args.interference_probe == "on":
+        from experiments.perfmodel.interference import run_probes
+
+        probed = run_probes(probes_of(configs), args.out, resume=args.resume, timeout=args.timeout)
+        counts = {key: counts[key] + probed[key] for key in counts}
+    return counts
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
@@ -110,6 +129,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
     parser.add_argument("--ranks-per-host", type=int, default=1, help="with --link: ranks per emulated host")
     parser.add_argument("--backend", default="gloo", help="with --allreduce: the backend whose records to fit")
     parser.add_argument("--device", default="cpu", help="with --allreduce: the device whose records to fit")
+    parser.add_argument("--interference", metavar="FILE|none", help="records holding an interference probe (compute "
+                        "slowed beside communication; for --cluster, a GPU's, e.g. from scripts/gpu_check.sh), or none "
+                        "(default: the newest probe among the --allreduce and --profile records; none for --cluster)")
     parser.add_argument("--world-size", default="2", help="comma-separated rank counts")
     parser.add_argument("--bucket-mb", default=DEFAULT_CAPS if tune else "25", help="comma-separated caps (MB)")
     parser.add_argument("--first-bucket-mb", type=float, default=1.0)
@@ -209,6 +231,8 @@ def main(args: argparse.Namespace) -> int:
             profile = trace.profile
         else:
             profile = chosen_profile(args)
+        comm, interference_line = with_interference(comm, args.cluster, args.interference, _found(args),
+                                                    args.backend, args.device, profile.model)
         plans = schedules(args)
         if args.command == "tune-bucket" and len({(s.world_size, s.sync_every, s.process_groups, s.overlap)
                                                  for s in plans}) > 1:
@@ -217,16 +241,16 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return 2
-    warnings = profile_warnings(profile, args.cluster, args.compute_s)
+    # Up front, before any figure: a prediction read before its caveat misleads.
+    warnings = device_warnings(profile, comm, args.cluster, args.device, args.compute_s)
     if trace is not None:
-        from experiments.perfmodel.trace import device_warnings
-
-        warnings += device_warnings(trace, args.cluster, args.device, args.compute_s) + trace.warnings
+        warnings += trace.warnings
     for warning in warnings:
-        print(f"ddpbench {args.command}: warning: {warning}", file=sys.stderr)
+        print(f"ddpbench {args.command}: warning: {warning}", file=sys.stderr, flush=True)
     rows = predict_rows(profile, comm, plans, None if trace is None else trace.other + trace.accumulate)
     result = {"model": profile.model, "profile": profile.config, "network": comm.name, "source": comm.source,
-              "predictions": rows}
+              "warnings": warnings, "interference": dataclasses.asdict(comm.interference) if comm.interference else None,
+              "interference_line": interference_line, "predictions": rows}
     if args.command == "tune-bucket":
         near = [row["bucket_mb"] for row in near_best(rows)]
         result["recommended_bucket_mb"] = near[0]
@@ -243,6 +267,7 @@ def main(args: argparse.Namespace) -> int:
         print(describe(trace, args.trace))
     else:
         print(describe_profile(profile, args.profile, args.compute_s))
+    print(interference_line)
     print(format_rows(rows))
     if trace is not None:
         for shown in result["trace"]["buckets"]:
@@ -256,6 +281,14 @@ def main(args: argparse.Namespace) -> int:
                     f"{TOLERANCE:.0%} of the best; the smallest starts communicating earliest)")
         print(f"recommended --bucket-mb {near[0]:g}{also}")
     return 0
+
+
+def _found(args: argparse.Namespace) -> list[dict]:
+    """The records a probe may come from: --allreduce's and --profile's (none with --cluster)."""
+    if args.cluster is not None:
+        return []
+    paths = [args.allreduce] + ([args.profile] if getattr(args, "profile", None) is not None else [])
+    return [r for path in paths for r in read_records(path) if r.get("kind") == "interference"]
 
 
 def trace_summary(trace, comm, plans: list[Schedule], recommended: float | None) -> dict:

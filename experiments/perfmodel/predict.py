@@ -18,7 +18,8 @@ DEFAULT_CAPS = "0,1,5,10,25,50,100,200"  # the caps E3 measures, so that a recom
 def comm_model(cluster: str | None, allreduce: Path | None, link: str = "none", ranks_per_host: int = 1,
                backend: str = "gloo", device: str = "cpu") -> CommModel:
     """The network: the cluster preset `cluster`, or a fit to this machine's all-reduce records under
-    `allreduce` (of `backend` on `device`), behind emulated links of rate `link` if one is given."""
+    `allreduce` (of `backend` on `device`) with the newest interference probe among them, behind
+    emulated links of rate `link` if one is given."""
     if cluster is not None:
         if cluster not in CLUSTERS:
             raise ConfigError(f"--cluster={cluster!r} is unknown; choose one of {', '.join(CLUSTERS)}")
@@ -26,11 +27,50 @@ def comm_model(cluster: str | None, allreduce: Path | None, link: str = "none", 
             raise ConfigError("--link needs --allreduce (this machine's fit), not --cluster")
         return CLUSTERS[cluster]
     validate_network(link, ranks_per_host)
+    from experiments.perfmodel.interference import pick
+
     try:
-        machine = fit(read_records(allreduce), backend, device).model
+        records = read_records(allreduce)
+        machine = fit(records, backend, device).model
     except (FileNotFoundError, ValueError) as error:
         raise ConfigError(f"--allreduce={str(allreduce)!r}: {error}") from None
+    # The interference probe is stored with the all-reduce records: the newest comes with the fit.
+    machine = dataclasses.replace(machine, interference=pick(records, backend, device))
     return machine if link == "none" else emulated(machine, link, parse_rate(link), ranks_per_host)
+
+
+def with_interference(comm: CommModel, cluster: str | None, explicit: str | None, found: list[dict],
+                      backend: str, device: str, model: str) -> tuple[CommModel, str]:
+    """`comm` with the interference term a prediction uses, and the line that says which (or why none).
+
+    `explicit` (--interference): `none`, or a record file or folder holding a probe (for a cluster
+    preset, a GPU's: scripts/gpu_check.sh measures one). Otherwise, for this machine's fit, the newest
+    probe of `model` among `found` (the --allreduce and --profile records), else of any model; for a
+    cluster preset none, since no probe of its GPUs exists here."""
+    from experiments.perfmodel import interference as probes
+
+    if explicit == "none":
+        return dataclasses.replace(comm, interference=None), probes.describe(None, "--interference none")
+    if explicit is not None:
+        try:
+            records = read_records(Path(explicit))
+        except (FileNotFoundError, ValueError) as error:
+            raise ConfigError(f"--interference={explicit!r}: {error}") from None
+        wanted = ("nccl", "cuda") if cluster is not None else (backend, device)
+        term = probes.pick(records, *wanted, model=model)
+        if term is None:
+            raise ConfigError(f"--interference={explicit!r} holds no interference probe of backend={wanted[0]!r} on "
+                              f"device={wanted[1]!r}" + (" (a GPU cluster takes a GPU's probe: scripts/gpu_check.sh "
+                                                         "measures one)" if cluster is not None else ""))
+        return dataclasses.replace(comm, interference=term), probes.describe(term, "")
+    if cluster is not None:
+        return comm, probes.describe(None, f"no probe of {cluster}'s GPUs; --interference FILE takes one, e.g. from "
+                                           "scripts/gpu_check.sh on such a GPU")
+    term = probes.pick(found, backend, device, model=model)
+    if term is None:
+        return comm, probes.describe(None, "no interference probe among the --allreduce or --profile records; "
+                                           "`ddpbench profile` and `advise` measure one")
+    return dataclasses.replace(comm, interference=term), probes.describe(term, "")
 
 
 def predict_rows(profile: Profile, comm: CommModel, plans: list[Schedule], other: float | None = None) -> list[dict]:
@@ -43,7 +83,7 @@ def predict_rows(profile: Profile, comm: CommModel, plans: list[Schedule], other
         extra = {} if other is None else {"other_ms": other * 1e3}
         rows.append({**dataclasses.asdict(plan), "latency_ms": (prediction.latency + (other or 0.0)) * 1e3,
                      **{f"{k}_ms": v * 1e3 for k, v in prediction.breakdown.items()}, **extra,
-                     "buckets": len(prediction.buckets)})
+                     "interference_ms": prediction.interference * 1e3, "buckets": len(prediction.buckets)})
     return rows
 
 
@@ -81,15 +121,6 @@ def describe_profile(profile: Profile, source: Path, compute_s: float | None) ->
                    f"({profile.scaled_to['compute_s'] * 1e3:.1f} ms per iteration)")
     return (f"profile: {c['model']} on {c['device']}, batch {c['batch_size']}, image size {c['image_size']}, "
             f"sequence length {c['seq_len']}, {c['threads']} thread(s), measured {copies}{scaled}; from {source}")
-
-
-def profile_warnings(profile: Profile, cluster: str | None, compute_s: float | None) -> list[str]:
-    """Warnings about a profile that does not fit the cluster asked for."""
-    if cluster and "nccl" in cluster and profile.config["device"] == "cpu" and compute_s is None and not profile.scaled_to:
-        return [f"a CPU profile used for the GPU cluster --cluster={cluster}: the compute times are this CPU's, "
-                "far longer than a GPU's, so communication looks cheap; pass --compute-s with the GPU's compute "
-                "seconds per iteration, or profile on a GPU (ddpbench profile --device cuda)"]
-    return []
 
 
 def format_rows(rows: list[dict]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ddp_core.bucketing import TensorSpec, assign_buckets
 from experiments.core.profile import Profile
 from experiments.perfmodel.comm import CommModel, Link
+from experiments.perfmodel.devices import device_warnings
 from experiments.perfmodel.predict import (
     DEFAULT_CAPS,
     TOLERANCE,
@@ -22,7 +23,6 @@ from experiments.perfmodel.predict import (
     describe_profile,
     near_best,
     predict_rows,
-    profile_warnings,
 )
 from experiments.perfmodel.probe import medians
 from experiments.perfmodel.simulate import Schedule, simulate
@@ -89,7 +89,7 @@ def build_report(record: dict, comm: CommModel, args, profile_path: Path | None)
     if args.compute_s:
         profile = profile.scaled(args.compute_s / profile.compute)
     report["profile"] = describe_profile(profile, profile_path or "(not kept: pass --out)", args.compute_s)
-    report["warnings"] += profile_warnings(profile, args.cluster, args.compute_s)
+    report["warnings"] += device_warnings(profile, comm, args.cluster, record["config"]["device"], args.compute_s)
     iterations = [sum(row[k] for k in ("forward", "backward", "tail", "optimizer")) for row in record["synced"]]
     quartiles = statistics.quantiles(iterations, n=4) if len(iterations) > 1 else [iterations[0]] * 3
     _figure(figures, "compute per iteration, the profile (forward / backward / optimizer)",
@@ -97,30 +97,72 @@ def build_report(record: dict, comm: CommModel, args, profile_path: Path | None)
             f"{profile.optimizer * 1e3:.1f}); interquartile {quartiles[0] * 1e3:.1f}-{quartiles[2] * 1e3:.1f} ms"
             + (" (scaled by --compute-s)" if args.compute_s else ""), "measured", profile.compute)
 
-    n = args.world_size
+    casts = {dtype: probes[f"cast_{dtype}_s"] for dtype in ("float16", "bfloat16")}
+    views = (probes["iteration_copies_s"], probes["iteration_views_s"]) if "iteration_views_s" in probes else None
+    _predicted(report, profile, comm, args.world_size, record["names"], registration=True, casts=casts, views=views)
+    return report
+
+
+def build_trace_report(trace, comm: CommModel, args, trace_path: Path) -> dict:
+    """Every figure `advise --trace` can give from a torch.profiler trace of the user's own loop: what the
+    trace holds (no model to probe: the graph search, bucket views and the casts are not measured)."""
+    from experiments.perfmodel.trace import describe
+
+    profile = trace.profile
+    figures: list[dict] = []
+    report = {"model": profile.model, "model_config": "", "amp": "none", "model_hash": "",
+              "world_size": args.world_size, "network": comm.name, "network_source": comm.source, "figures": figures,
+              "warnings": device_warnings(profile, comm, args.cluster, profile.config["device"], args.compute_s)
+              + trace.warnings, "profile_config": profile.config, "profile_file": str(trace_path),
+              "profile": describe(trace, trace_path)}
+    total = sum(g.nbytes for g in trace.gradients)
+    _figure(figures, "gradient bytes reduced per iteration", f"{total / MB:.1f} MB in {len(trace.gradients)} tensors",
+            "counted", total)
+    _figure(figures, "compute per iteration, the trace (forward / backward / optimizer)",
+            f"{profile.compute * 1e3:.1f} ms ({profile.forward * 1e3:.1f} / {profile.backward * 1e3:.1f} / "
+            f"{profile.optimizer * 1e3:.1f})" + (" (scaled by --compute-s)" if args.compute_s else ""), "measured",
+            profile.compute)
+    other = trace.other + trace.accumulate
+    _figure(figures, "other: data loading, your own work, earlier micro-batches (added as traced)",
+            f"{other * 1e3:.1f} ms (data loading {trace.data * 1e3:.1f} ms)", "measured", other)
+    _predicted(report, profile, comm, args.world_size, [g.describe() for g in trace.gradients], other=other)
+    _figure(figures, "not from a trace: find_unused_parameters, gradient_as_bucket_view, the compression casts",
+            "need the model itself: `ddpbench advise --model ...`", "n/a")
+    return report
+
+
+def _predicted(report: dict, profile: Profile, comm: CommModel, n: int, names: list[str], other: float = 0.0,
+               registration: bool = False, casts: dict | None = None, views: tuple | None = None) -> None:
+    """The predicted figures (iteration, exposed communication, scaling, buckets, the cap, the options) of
+    `profile` at `n` ranks on `comm`, with `other` seconds per iteration added as they are. `names`: the
+    gradients' names in the profile's order; `registration`: that order is the model's (a profile), so
+    the first iteration's buckets can be shown; `casts`/`views`: the one-process measurements of advise."""
+    figures = report["figures"]
     base = simulate(profile, comm, Schedule(world_size=n))
-    alone = simulate(profile, comm, Schedule(world_size=1)).latency
-    _figure(figures, f"iteration at {n} ranks, 25 MB buckets", f"{base.latency * 1e3:.1f} ms", "predicted", base.latency)
+    latency = base.latency + other
+    alone = simulate(profile, comm, Schedule(world_size=1)).latency + other
+    _figure(figures, f"iteration at {n} ranks, 25 MB buckets", f"{latency * 1e3:.1f} ms", "predicted", latency)
     _figure(figures, "exposed communication (after backward)",
-            f"{base.breakdown['exposed_comm'] * 1e3:.1f} ms ({base.breakdown['exposed_comm'] / base.latency:.0%} of "
+            f"{base.breakdown['exposed_comm'] * 1e3:.1f} ms ({base.breakdown['exposed_comm'] / latency:.0%} of "
             "the iteration)", "predicted", base.breakdown["exposed_comm"])
     _figure(figures, f"scaling efficiency at {n} ranks (one process's iteration / this one)",
-            f"{alone / base.latency:.0%}", "predicted", alone / base.latency)
+            f"{alone / latency:.0%}", "predicted", alone / latency)
 
     arrival = sorted(range(len(profile.ready)), key=profile.ready.__getitem__)
-    report["buckets"] = bucket_layout(profile, record["names"], arrival)
-    registration = bucket_layout(profile, record["names"], list(reversed(range(len(profile.ready)))))
-    report["buckets_registration_order"] = registration
-    worst = max(registration, key=lambda b: b["waits_ms"])
+    report["buckets"] = bucket_layout(profile, names, arrival)
     _figure(figures, "buckets at 25 MB (in gradient arrival order, as after the first iteration)",
             f"{len(report['buckets'])}; the longest wait for a last gradient {max(b['waits_ms'] for b in report['buckets']):.1f} ms",
             "measured")
-    _figure(figures, "same cap in registration order (the first iteration, or rebuilding off)",
-            f"{len(registration)} buckets; bucket {worst['bucket']} waits {worst['waits_ms']:.1f} ms for "
-            f"{worst['last_gradient']}", "measured")
+    if registration:
+        layout = bucket_layout(profile, names, list(reversed(range(len(profile.ready)))))
+        report["buckets_registration_order"] = layout
+        worst = max(layout, key=lambda b: b["waits_ms"])
+        _figure(figures, "same cap in registration order (the first iteration, or rebuilding off)",
+                f"{len(layout)} buckets; bucket {worst['bucket']} waits {worst['waits_ms']:.1f} ms for "
+                f"{worst['last_gradient']}", "measured")
 
     caps = [float(cap) for cap in DEFAULT_CAPS.split(",")]
-    rows = predict_rows(profile, comm, [Schedule(world_size=n, bucket_mb=cap) for cap in caps])
+    rows = predict_rows(profile, comm, [Schedule(world_size=n, bucket_mb=cap) for cap in caps], other or None)
     near = near_best(rows)
     best = near[0]
     at25 = next(row for row in rows if row["bucket_mb"] == 25)
@@ -133,27 +175,27 @@ def build_report(record: dict, comm: CommModel, args, profile_path: Path | None)
                 "predicted", best["bucket_mb"])
     report["caps"] = rows
 
-    def option(what: str, latency: float, note: str = "") -> None:
-        change = latency / base.latency - 1
+    def option(what: str, seconds: float, note: str = "") -> None:
+        change = seconds / latency - 1
         verdict = "pays off" if change < -TOLERANCE else "costs time" if change > TOLERANCE else "no gain"
-        _figure(figures, what, f"{verdict}: {latency * 1e3:.1f} ms ({change:+.1%}){note}", "predicted", latency)
+        _figure(figures, what, f"{verdict}: {seconds * 1e3:.1f} ms ({change:+.1%}){note}", "predicted", seconds)
 
-    if "iteration_views_s" in probes:
-        saving = probes["iteration_copies_s"] - probes["iteration_views_s"]
+    if views is not None:
+        copies, with_views = views
         _figure(figures, "gradient_as_bucket_view, one process (iteration without -> with)",
-                f"{probes['iteration_copies_s'] * 1e3:.1f} -> {probes['iteration_views_s'] * 1e3:.1f} ms", "measured",
-                saving)
-        option(f"with gradient_as_bucket_view at {n} ranks", base.latency - saving)
+                f"{copies * 1e3:.1f} -> {with_views * 1e3:.1f} ms", "measured", copies - with_views)
+        option(f"with gradient_as_bucket_view at {n} ranks", latency - (copies - with_views))
     for dtype, hook in (("float16", "fp16"), ("bfloat16", "bf16")):
-        cast = probes[f"cast_{dtype}_s"]
-        option(f"--comm-hook {hook} (16-bit all-reduce) at {n} ranks",
-               simulate(profile, compressed(comm), Schedule(world_size=n)).latency + cast,
-               f"; casts measured {cast * 1e3:.1f} ms")
+        half = simulate(profile, compressed(comm), Schedule(world_size=n)).latency + other
+        if casts is None:
+            option(f"--comm-hook {hook} (16-bit all-reduce) at {n} ranks", half, "; without the casts (not measured)")
+        else:
+            option(f"--comm-hook {hook} (16-bit all-reduce) at {n} ranks", half + casts[dtype],
+                   f"; casts measured {casts[dtype] * 1e3:.1f} ms")
     for every in (2, 4):
         option(f"--sync-every {every} (reduce every {every} iterations) at {n} ranks",
-               simulate(profile, comm, Schedule(world_size=n, sync_every=every)).latency,
+               simulate(profile, comm, Schedule(world_size=n, sync_every=every)).latency + other,
                "; mean per iteration, one optimizer step per cycle")
-    return report
 
 
 def format_terminal(report: dict) -> str:
@@ -162,7 +204,9 @@ def format_terminal(report: dict) -> str:
     lines = [f"ddpbench advise: {report['model']}"
              + (f" ({report['model_config']})" if report["model_config"] else "")
              + (f", amp {report['amp']}" if report["amp"] != "none" else ""),
-             f"network: {report['network']} ({report['network_source']})", str(report["profile"]), ""]
+             f"network: {report['network']} ({report['network_source']})", str(report["profile"])]
+    lines += [report["interference"]] if report.get("interference") else []
+    lines += [""]
     # Warnings first: a figure read before its caveat misleads (a CPU profile on a GPU cluster, ...).
     lines += [f"warning: {w}" for w in report["warnings"]] + ([""] if report["warnings"] else [])
     lines += [f"{f['figure']:<{width}}  {f['kind']:<9}  {f['value']}" for f in report["figures"]]
@@ -185,7 +229,7 @@ def format_markdown(report: dict) -> str:
     if report["model_config"]:
         lines += [f"- model configuration: `{report['model_config']}`"]
     lines += [f"- amp: {report['amp']}", f"- network: {report['network']} ({report['network_source']})",
-              f"- {report['profile']}", ""]
+              f"- {report['profile']}"] + ([f"- {report['interference']}"] if report.get("interference") else []) + [""]
     lines += [f"> warning: {w}" for w in report["warnings"]] + ([""] if report["warnings"] else [])
     lines += ["| figure | value | |", "|---|---|---|"]
     lines += [f"| {f['figure']} | {f['value']} | {f['kind']} |" for f in report["figures"]]

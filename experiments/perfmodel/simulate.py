@@ -14,7 +14,11 @@ One synchronised iteration, as ddp_core runs it:
 Where communication runs on the compute cores (Gloo on a CPU), nothing overlaps: the cores do the
 backward and every all-reduce one after the other. Over a link (`ddpbench run --link`) the wire
 works apart from the cores, which still do each all-reduce's CPU share: the iteration waits for
-whichever finishes later, the cores or the wire. With reduce-every-n, n-1 iterations only compute
+whichever finishes later, the cores or the wire.
+Interference (a probe's term, `interference.py`; none without one): backward computes more slowly
+while an all-reduce runs beside it. Each bucket's all-reduce, timed at full speed from its launch,
+lies partly inside backward; that many bytes times the probe's seconds per byte are added to the
+cores' work (on GPUs: to backward, which then readies its gradients that much later). With reduce-every-n, n-1 iterations only compute
 (forward and a local backward) and the n-th synchronises; the prediction is the mean over the cycle.
 """
 from __future__ import annotations
@@ -45,6 +49,7 @@ class Prediction:
     latency: float
     breakdown: dict[str, float]  # of the synchronised iteration: forward, backward, exposed_comm, tail, optimizer
     buckets: list[dict] = field(default_factory=list)  # per bucket: bytes, ready, start, done (s after backward start)
+    interference: float = 0.0  # seconds of exposed_comm that are compute slowed beside communication
 
 
 def buckets_of(profile: Profile, bucket_mb: float, first_bucket_mb: float) -> list[list[int]]:
@@ -64,19 +69,45 @@ def simulate(profile: Profile, comm: CommModel, schedule: Schedule) -> Predictio
         buckets.append({"bytes": sum(profile.nbytes[i] for i in indices), "ready": ready})
 
     comm_total = sum(comm.allreduce(b["bytes"], p) for b in buckets)
-    if comm.on_compute_cores(p):
-        synchronised_backward = profile.backward + comm_total  # the same cores do both, one after the other
-    else:
+    # Interference: compute that runs beside a bucket's all-reduce is stretched by the probe's seconds per
+    # byte, for the bytes reduced while backward still runs (the share of each all-reduce inside backward,
+    # each timed at full speed from its launch).
+    per_byte = comm.interference.seconds_per_byte if comm.interference is not None and p > 1 else 0.0
+    shared = comm.on_compute_cores(p)
+    timeline = [dict(b) for b in buckets] if shared else buckets  # (shared cores: no timeline of their own)
+    wire = _replay(timeline, comm, p, schedule.process_groups)
+    extra = per_byte * sum(b["bytes"] * _inside(b, profile.backward) for b in timeline)
+    if shared:
+        # The same cores do both, one after the other, plus what running them side by side costs beyond that.
+        synchronised_backward = profile.backward + comm_total + extra
+    elif comm.cpu is not None:
         # The cores compute and do each all-reduce's CPU share; the wire carries the buckets meanwhile.
-        cores = profile.backward + (sum(comm.cpu.allreduce(b["bytes"], p) for b in buckets) if comm.cpu else 0.0)
-        synchronised_backward = max(cores, _replay(buckets, comm, p, schedule.process_groups))
+        cores = profile.backward + sum(comm.cpu.allreduce(b["bytes"], p) for b in buckets) + extra
+        synchronised_backward = max(cores, wire)
+    else:
+        # Communication has its own engines (GPUs): a slower backward readies every gradient later.
+        if extra:
+            stretch = (profile.backward + extra) / profile.backward
+            for bucket in buckets:
+                bucket["ready"] *= stretch
+            wire = _replay(buckets, comm, p, schedule.process_groups)
+        synchronised_backward = max(profile.backward + extra, wire)
     exposed = synchronised_backward - profile.backward
     breakdown = {"forward": forward, "backward": profile.backward, "exposed_comm": exposed, "tail": profile.tail,
                  "optimizer": profile.optimizer}
     synchronised = sum(breakdown.values())
     skipped = profile.skipped_forward + comm.broadcast(profile.buffer_bytes, p) + profile.skipped_backward
     n = schedule.sync_every
-    return Prediction(latency=((n - 1) * skipped + synchronised) / n, breakdown=breakdown, buckets=buckets)
+    return Prediction(latency=((n - 1) * skipped + synchronised) / n, breakdown=breakdown, buckets=buckets,
+                      interference=extra)
+
+
+def _inside(bucket: dict, backward: float) -> float:
+    """The share of a bucket's all-reduce (its start to its end) that lies before the end of backward."""
+    start, done = bucket["start"], bucket["done"]
+    if done <= start:
+        return 1.0 if start < backward else 0.0
+    return min(1.0, max(0.0, (backward - start) / (done - start)))
 
 
 def _replay(buckets: list[dict], comm: CommModel, ranks: int, channels: int) -> float:

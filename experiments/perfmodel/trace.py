@@ -175,7 +175,7 @@ def read_trace(path: Path, name: str | None = None) -> TraceProfile:
         model=name or Path(path).stem, forward=med("forward"), backward=med("backward"), ready=ready,
         tail=med("tail"), optimizer=med("optimizer"), skipped_forward=med("forward"), skipped_backward=med("backward"),
         nbytes=tuple(g.nbytes for g in gradients), dtypes=tuple(g.dtype for g in gradients),
-        buffer_bytes=int(med("buffer_bytes")),
+        buffer_bytes=int(med("buffer_bytes")), hardware=_gpu_name(top) if device == "cuda" else None,
         config={"model": name or Path(path).stem, "device": device, "world_size": 1, "source": "trace",
                 "trace": str(path), "steps": len(rows), "batch_size": None, "image_size": None, "seq_len": None,
                 "threads": None})
@@ -188,31 +188,6 @@ def _gpu_name(top: dict) -> str | None:
     """The first GPU's name in the trace's deviceProperties, if it has one."""
     devices = top.get("deviceProperties") or []
     return devices[0].get("name") if devices and isinstance(devices[0], dict) else None
-
-
-GPU_FAMILIES = ("v100", "a100", "h100", "h200", "b200", "l40", "a10", "t4")
-
-
-def device_warnings(trace: TraceProfile, cluster: str | None, fit_device: str, compute_s: float | None) -> list[str]:
-    """Warnings where the traced device is not the one predicted for: a GPU other than the cluster's, or a
-    CUDA trace with a fit of CPU all-reduces (a CPU trace on a GPU cluster is warned about elsewhere)."""
-    if compute_s is not None or trace.device != "cuda":
-        return []
-    if cluster is None:
-        if fit_device == "cpu":
-            return [f"a CUDA trace ({trace.gpu or 'a GPU'}) predicted with this machine's CPU all-reduce fit "
-                    "(--device cpu): pass --device cuda --backend nccl for a GPU fit, or --cluster"]
-        return []
-    from experiments.perfmodel.comm import CLUSTERS
-
-    described = f"{cluster} {CLUSTERS[cluster].source}".lower() if cluster in CLUSTERS else cluster.lower()
-    families = [f for f in GPU_FAMILIES if f in described]
-    traced = (trace.gpu or "").lower()
-    if families and not any(f in traced for f in families):
-        return [f"the trace is of {trace.gpu or 'an unnamed GPU'}, the cluster --cluster={cluster} has "
-                f"{'/'.join(f.upper() for f in families)}: the compute times are the traced GPU's; pass --compute-s "
-                "with that GPU's seconds per iteration, or trace on it"]
-    return []
 
 
 def _iterations(cpu: list[_Ev]) -> list[tuple[str, float, float]]:

@@ -2,6 +2,7 @@
 every run that has a profile (the analysis scripts' tables of prediction errors)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from pathlib import Path
@@ -11,6 +12,7 @@ from experiments.core.profile import PROFILE_KEYS, Profile, config_value, find_p
 from experiments.core.records import read_records
 from experiments.core.stats import cycle_means
 from experiments.perfmodel.comm import CommModel, Link, emulated, fit, scale_model
+from experiments.perfmodel.interference import pick
 from experiments.perfmodel.simulate import Schedule, simulate
 
 
@@ -20,17 +22,23 @@ def measured_latency(record: dict) -> float:
     return statistics.median(cycle_means(record["latency_s"], record["config"]["sync_every"]))
 
 
-def prediction_errors(runs: Path, backend: str = "gloo", device: str = "cpu", allreduce: Path | None = None) -> list[dict]:
+def prediction_errors(runs: Path, backend: str = "gloo", device: str = "cpu", allreduce: Path | None = None,
+                      interference: bool | Path = True) -> list[dict]:
     """Predicted against measured latency for every ddp_core run under `runs` that has a profile there.
 
     The network is fitted to the all-reduce records under `runs` (never to the runs themselves), or
-    under `allreduce` where given.
+    under `allreduce` where given. Runs with real compute take the interference term of the newest probe
+    of their model among those records (or under `interference`, where it is a path), else of any
+    model, else none (`interference=False`: none at all).
     """
     records = read_records(runs)
+    fitted = read_records(allreduce) if allreduce is not None else records
     try:
-        machine = fit(read_records(allreduce) if allreduce is not None else records, backend, device).model
+        machine = fit(fitted, backend, device).model
     except ValueError:
         machine = None  # no loopback all-reduce records: only emulated-compute runs with their own fit are predicted
+    found = read_records(interference) if isinstance(interference, Path) else [*fitted, *(records if allreduce else [])]
+    probes = [r for r in found if r.get("kind") == "interference"]
     loopback: dict[int, CommModel] = {}  # per world size, for the scale model's hosts
     rows = []
     for record in records:
@@ -50,8 +58,10 @@ def prediction_errors(runs: Path, backend: str = "gloo", device: str = "cpu", al
                 continue
             env = record.get("env") or {}
             profile = find_profile(records, c, env.get("time"), env.get("machine_id"))
+            term = pick(probes, backend, device, model=c["model"]) if interference else None
+            here = dataclasses.replace(machine, interference=term)
             # Over an emulated link: the link's configured rate, never a fit to these runs.
-            comm = machine if link == "none" else emulated(machine, link, rate, ranks_per_host)
+            comm = here if link == "none" else emulated(here, link, rate, ranks_per_host)
         if profile is None:
             continue
         plan = Schedule(world_size=c["world_size"], bucket_mb=c["bucket_mb"], overlap=c["impl"] == "ddp_core",
@@ -62,7 +72,8 @@ def prediction_errors(runs: Path, backend: str = "gloo", device: str = "cpu", al
                                                          "process_groups", *PROFILE_KEYS)}, "link": link,
                      "ranks_per_host": ranks_per_host, "compute": c.get("compute", "real"),
                      "time_dilation": c.get("time_dilation", 1.0), "busy_share": _busy_share(record),
-                     "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})
+                     "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1,
+                     "interference": None if comm.interference is None else comm.interference.source})
     return rows
 
 

@@ -1,0 +1,140 @@
+"""The interference term's validation tables (Markdown on stdout), from measure.sh's records:
+
+    python results/reference/x86_64-2cpu/interference/table.py [OUT] > results/reference/x86_64-2cpu/interference/table.md
+
+1. the stored runs (the main job's loopback and link runs: no run repeated) re-predicted with today's probes;
+2. the fresh subset: profiles, probes and E2 at 2.5 Gbit/s in one session;
+3. advise for ViT-B/16: today's advise against today's runs, and the stored advise profile against the
+   stored runs with today's probe.
+Every prediction is shown without and with the interference term.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+from experiments.core.profile import Profile
+from experiments.core.records import read_records
+from experiments.perfmodel.interference import from_record, pick
+from experiments.perfmodel.predict import comm_model
+from experiments.perfmodel.simulate import Schedule, simulate
+from experiments.perfmodel.validation import measured_latency, prediction_errors
+
+REFERENCE = Path("results/reference/x86_64-2cpu")
+FIT = REFERENCE / "runs" / "x86_64-2cpu"
+
+
+def summary(errors: list[float]) -> str:
+    """`median |error| x%, worst y%, n low of m`."""
+    if not errors:
+        return "no runs"
+    e = [abs(x) for x in errors]
+    return (f"median |error| {statistics.median(e):.1%}, mean {statistics.mean(e):.1%}, worst {max(e):.1%}; "
+            f"{sum(x < 0 for x in errors)} of {len(errors)} low")
+
+
+def pairs(runs: Path, probes: Path | None, allreduce: Path | None = None, keep=lambda row: True):
+    """(row without the term, row with it) per run, matched by position (the same runs, the same order)."""
+    plain = [r for r in prediction_errors(runs, allreduce=allreduce, interference=False) if keep(r)]
+    slowed = [r for r in prediction_errors(runs, allreduce=allreduce, interference=probes or True) if keep(r)]
+    return list(zip(plain, slowed))
+
+
+def probe_lines(path: Path) -> list[str]:
+    """One line per probe record: its term and the load it ran under."""
+    lines = []
+    for r in read_records(path):
+        if r.get("kind") == "interference" and r["status"] == "ok":
+            t = r["timing"]
+            lines.append(f"- {from_record(r).describe()}; load average {t.get('load_average', float('nan')):.1f}; "
+                         f"per-round interquartile {r['summary']['spread_s_per_byte'][0] * 1e9:+.2f} to "
+                         f"{r['summary']['spread_s_per_byte'][1] * 1e9:+.2f} ms per MB")
+    return lines
+
+
+def stored(out: Path) -> list[str]:
+    lines = ["## 1. The stored runs, re-predicted with today's probes (no run repeated)", ""]
+    lines += probe_lines(out / "probes.jsonl") + [""]
+    real = pairs(FIT, out / "probes.jsonl", keep=lambda r: r["compute"] == "real")
+    for name, keep in (("loopback, 1-2 ranks (38 runs)", lambda r: r["link"] == "none"),
+                       ("emulated links, real compute (54 runs)", lambda r: r["link"] != "none"),
+                       ("of them at 2.5 Gbit/s", lambda r: r["link"] == "2.5gbit")):
+        chosen = [(a, b) for a, b in real if keep(a)]
+        lines.append(f"- {name}: without the term {summary([a['error'] for a, _ in chosen])}; "
+                     f"with it {summary([b['error'] for _, b in chosen])}")
+    return lines + [""]
+
+
+def fresh(out: Path) -> list[str]:
+    folder = out / "link"
+    if not (folder / "runs.jsonl").exists():
+        return ["## 2. Fresh subset: not measured", ""]
+    lines = ["## 2. Fresh subset in one session: E2 at 2.5 Gbit/s, 2 emulated hosts", ""]
+    lines += probe_lines(folder / "profile.jsonl") + [""]
+    lines += ["| model | overlap | measured ms | cores busy (of 2, all processes) | predicted ms, no term | error | with the term | error |",
+              "|---|---|---|---|---|---|---|---|"]
+    runs = {(r["config"]["model"], r["config"]["impl"]): r for r in read_records(folder / "runs.jsonl")
+            if r.get("kind") == "run"}
+    both = pairs(folder, None, allreduce=FIT)
+    for a, b in both:
+        busy = (runs[(a["model"], a["impl"])].get("timing") or {}).get("cores_busy")
+        lines.append(f"| {a['model']} | {'on' if a['impl'] == 'ddp_core' else 'off'} | {a['measured_s'] * 1e3:.1f} | "
+                     f"{busy:.2f} | {a['predicted_s'] * 1e3:.1f} | {a['error']:+.1%} | {b['predicted_s'] * 1e3:.1f} | "
+                     f"{b['error']:+.1%} |")
+    lines += ["", f"Without the term: {summary([a['error'] for a, _ in both])}; with it: "
+              f"{summary([b['error'] for _, b in both])}.", ""]
+    return lines
+
+
+def vit_rows(profile_record: dict, runs: list[dict], probes: list[dict]) -> list[str]:
+    """Predicted (without and with the term) against measured, overlap on and off, for one ViT profile."""
+    profile = Profile.from_record(profile_record)
+    plain = comm_model(None, FIT)
+    term = pick(probes, "gloo", "cpu", model=profile.model)
+    slowed = dataclasses.replace(plain, interference=term)
+    rows = []
+    for run in runs:
+        overlap = run["config"]["impl"] == "ddp_core"
+        plan = Schedule(world_size=2, overlap=overlap)
+        measured = measured_latency(run)
+        a, b = simulate(profile, plain, plan).latency, simulate(profile, slowed, plan).latency
+        busy = (run.get("timing") or {}).get("cores_busy")
+        rows.append(f"| {'on' if overlap else 'off'} | {measured * 1e3:.1f} | "
+                    f"{'-' if busy is None else f'{busy:.2f}'} | {a * 1e3:.1f} | {a / measured - 1:+.1%} | "
+                    f"{b * 1e3:.1f} | {b / measured - 1:+.1%} |")
+    return rows
+
+
+def vit(out: Path) -> list[str]:
+    folder = out / "vit"
+    header = ["| overlap | measured ms | cores busy (of 2, all processes) | predicted ms, no term | error | with the term | error |",
+              "|---|---|---|---|---|---|---|"]
+    if not (folder / "runs.jsonl").exists():
+        return ["## 3. ViT-B/16 advise: not measured", ""]
+    records = read_records(folder / "vit_b_16.profile.jsonl")
+    profile = next(r for r in records if r.get("kind") == "profile")
+    runs = [r for r in read_records(folder / "runs.jsonl") if r.get("kind") == "run"]
+    lines = ["## 3. ViT-B/16, 32 px, batch 4, 2 ranks on loopback", ""] + probe_lines(folder / "vit_b_16.profile.jsonl")
+    lines += ["", "Today's advise profile against today's runs:", ""] + header + vit_rows(profile, runs, records)
+    old_profile = next(r for r in read_records(REFERENCE / "advise" / "vit_b_16.profile.jsonl")
+                       if r.get("kind") == "profile")
+    old_runs = [r for r in read_records(REFERENCE / "advise" / "validation_runs.jsonl")
+                if r.get("kind") == "run" and r["config"]["model"] == "torchvision:vit_b_16"]
+    lines += ["", "The stored advise profile against the stored runs (docs' 29% case), with today's probe:", ""]
+    return lines + header + vit_rows(old_profile, old_runs, records) + [""]
+
+
+def main() -> None:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
+    load = (out / "load.txt").read_text().strip().splitlines() if (out / "load.txt").exists() else []
+    lines = ["# The interference term against measurements (issue 29)", "",
+             "Made by `results/reference/x86_64-2cpu/interference/measure.sh` and this script's `table.py`. "
+             "This 2-core machine was shared with other workers' jobs while it ran; the load averages:", ""]
+    lines += [f"    {line}" for line in load] + [""]
+    print("\n".join(lines + stored(out) + fresh(out) + vit(out)))
+
+
+if __name__ == "__main__":
+    main()
