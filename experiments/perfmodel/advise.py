@@ -225,13 +225,7 @@ def _trace(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"ddpbench advise: error: {error}", file=sys.stderr)
         return 2
-    report = build_trace_report(trace, comm, args, args.trace)
-    report["interference"] = interference_line
-    print(format_terminal(report))
-    if args.out is not None:
-        write_outputs(report, args.out, format_markdown(report))
-        print(f"ddpbench advise: wrote {args.out}.md and {args.out}.json", file=sys.stderr)
-    return 0
+    return _show(build_trace_report(trace, comm, args, args.trace), interference_line, args)
 
 
 def this_device(device: str) -> Device:
@@ -256,7 +250,11 @@ def _stored(path: Path, model: str) -> dict:
 
 
 def _report(record: dict, comm, interference_line: str, args, profile_path: Path | None) -> int:
-    report = build_report(record, comm, args, profile_path)
+    return _show(build_report(record, comm, args, profile_path), interference_line, args)
+
+
+def _show(report: dict, interference_line: str, args) -> int:
+    """Print the report (naming the interference term it used) and write it where --out says."""
     report["interference"] = interference_line
     print(format_terminal(report))
     if args.out is not None:
