@@ -29,7 +29,7 @@ from experiments.core.config import (
 )
 from experiments.core.records import show_record_warnings_as_lines
 from experiments.measure import plans
-from experiments.measure.configs import check_network_available, resolve_grid
+from experiments.measure.configs import SameOnEveryRank, check_network_available, check_torchrun_job, resolve_grid
 from experiments.measure.workloads import WORKLOADS
 from experiments.measure.workloads.spec import MODEL_HELP
 
@@ -158,6 +158,13 @@ def resolve_run_configs(args: argparse.Namespace) -> list[RunConfig]:
     """Expand the `run` lists into validated configs, filling hardware-dependent defaults."""
     return resolve_grid({name: parse_list(name, getattr(args, name)) for name in LIST_PARAMS
                          if getattr(args, name) is not None})
+
+
+def _rank() -> int:
+    """This process's rank under torchrun (RANK), else 0: the built-in launcher's parent speaks for its ranks."""
+    from experiments.core.machine import under_torchrun
+
+    return int(os.environ["RANK"]) if under_torchrun() else 0
 
 
 def _terminate(signum, frame) -> None:
@@ -306,8 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         mode = {"allreduce": allreduce, "train": train, "profile": perfmodel}.get(args.command)
         jobs = resolve_run_configs(args) if mode is None else mode.resolve(args)
         check_network_available(jobs)
+        if mode is None:
+            check_torchrun_job(jobs)
     except ConfigError as error:
-        print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
+        # Under torchrun every rank runs this: what all find alike, rank 0 alone says (one line, not one per rank).
+        if not isinstance(error, SameOnEveryRank) or _rank() == 0:
+            print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     args.out.parent.mkdir(parents=True, exist_ok=True)
     size_before = args.out.stat().st_size if args.out.exists() else 0
@@ -328,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nddpbench: interrupted before any config finished; nothing was added to {args.out}",
                   file=sys.stderr)
         return 130
-    print(f"ddpbench {args.command}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped "
-          f"(already recorded); records in {args.out}")
+    if _rank() == 0:  # under torchrun, rank 0 writes the records: the other ranks claim none
+        print(f"ddpbench {args.command}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped "
+              f"(already recorded); records in {args.out}")
     return 1 if counts["failed"] else 0

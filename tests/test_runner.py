@@ -311,39 +311,72 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.timeout(300)
-def test_two_torchrun_agents_record_what_the_built_in_launcher_records(tmp_path):
-    """Two torchrun "nodes" on loopback, joined by a c10d rendezvous, run the same sweep."""
-    sweep = ["run", *TINY, "--world-size", "2", "--impl", "ddp_core,torch", "--threads", "1"]
-    builtin = tmp_path / "builtin.jsonl"
-    assert main([*sweep, "--out", str(builtin)]) == 0
-    out, port = tmp_path / "torchrun.jsonl", _free_port()
-    agents = [
+def _torchrun(args: list[str], log: Path, nodes: int = 1, node_args=lambda node: []) -> list[subprocess.Popen]:
+    """`nodes` torchrun agents of `python -m experiments ARGS`, their output in `log` with the node's number."""
+    return [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-             # Both agents are on one host: say which one hosts the rendezvous store, or they may race.
-             "--rdzv-conf", f"is_host={int(node == 0)}",
-             "--rdzv-id", "ddpbench-test", "--max-restarts", "0",
-             "-m", "experiments", *sweep, "--out", str(out)],
-            cwd=ROOT, stdout=(tmp_path / f"agent{node}.log").open("w"), stderr=subprocess.STDOUT,
-            env={**os.environ, "TMPDIR": str(tmp_path)},  # torchrun's own log folders: not left in /tmp
+            [sys.executable, "-m", "torch.distributed.run", *node_args(node), "-m", "experiments", *args],
+            cwd=ROOT, stdout=log.with_suffix(f".{node}.log").open("w"), stderr=subprocess.STDOUT,
+            env={**os.environ, "TMPDIR": str(log.parent)},  # torchrun's own log folders: not left in /tmp
         )
-        for node in range(2)
+        for node in range(nodes)
     ]
-    deadline = time.monotonic() + 240
+
+
+def _wait_for_agents(agents: list[subprocess.Popen], log: Path, seconds: float) -> list[str]:
+    """Wait for the agents (killing any left after `seconds`); their logs, headed by their exit status."""
+    deadline = time.monotonic() + seconds
     try:
         for agent in agents:
             agent.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        pass  # reported below, with both agents' output (a hang has been seen at an agent's exit)
+        pass  # reported by the caller, with every agent's output (a hang has been seen at an agent's exit)
     finally:
         for agent in agents:  # never leave an agent behind, even after a timeout
             agent.kill()
             agent.wait()
-    logs = [f"--- agent {node} (exit {a.returncode}):\n" + (tmp_path / f"agent{node}.log").read_text()
+    return [f"--- agent {node} (exit {a.returncode}):\n" + log.with_suffix(f".{node}.log").read_text()
             for node, a in enumerate(agents)]
+
+
+@pytest.mark.timeout(300)
+def test_two_torchrun_agents_record_what_the_built_in_launcher_records(tmp_path, capsys):
+    """Two torchrun "nodes" on loopback, joined by a c10d rendezvous (in the form docs/gpu-cluster.md
+    gives: no --node-rank, which c10d ignores with a warning), run the same sweep. Their ranks share
+    this host's cores: with as many threads per rank as it has cores, the built-in launcher's
+    oversubscription warning is given (once, by rank 0), and only the agent of rank 0 names the records."""
+    cores = os.cpu_count() or 1
+    sweep = ["run", *TINY, "--world-size", "2", "--impl", "ddp_core,torch", "--threads", str(cores)]
+    builtin = tmp_path / "builtin.jsonl"
+    capsys.readouterr()
+    assert main([*sweep, "--out", str(builtin)]) == 0
+    warning = f"2 ranks x {cores} threads per rank = {2 * cores} threads on {cores} cores"
+    assert warning in capsys.readouterr().err
+    out, port = tmp_path / "torchrun.jsonl", _free_port()
+    agents = _torchrun([*sweep, "--out", str(out)], tmp_path / "agent", nodes=2, node_args=lambda node: [
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        # Both agents are on one host: say which one hosts the rendezvous store, or they may race.
+        "--rdzv-conf", f"is_host={int(node == 0)}", "--rdzv-id", "ddpbench-test", "--max-restarts", "0"])
+    logs = _wait_for_agents(agents, tmp_path / "agent", 240)
     assert all(a.returncode == 0 for a in agents), "\n".join(logs)
     expected, got = read_records(builtin), read_records(out)
     assert [r["config"] for r in got] == [r["config"] for r in expected]
     assert all(r["status"] == "ok" and r["correct"] and len(r["latency_s"]) == 3 for r in got)
+    both = "\n".join(logs)
+    assert both.count(warning) == 1, both  # rank 0's, for the one host both agents share
+    assert sum("records in" in log for log in logs) == 1, both  # the agent of rank 0 alone
+    assert "will be ignored" not in both, both  # torchrun's node_rank warning
+
+
+@pytest.mark.timeout(120)
+def test_a_world_size_torchrun_does_not_have_is_reported_once_in_one_line(tmp_path):
+    out = tmp_path / "torchrun.jsonl"
+    agents = _torchrun(["run", *TINY, "--world-size", "3", "--out", str(out)], tmp_path / "agent",
+                       node_args=lambda node: ["--standalone", "--nproc-per-node", "2", "--max-restarts", "0"])
+    log = _wait_for_agents(agents, tmp_path / "agent", 100)[0]
+    assert agents[0].returncode != 0, log
+    assert log.count("--world-size must be 2 under torchrun") == 1, log  # rank 0's line, not one per rank
+    assert "ddpbench run: error: --world-size must be 2 under torchrun, torchrun's world size" in log, log
+    assert "exitcode  : 2" in log, log  # the ranks' status for bad input, as torchrun reports it
+    assert "ValueError" not in log and "[rank0]: Traceback" not in log and "[rank1]: Traceback" not in log, log
+    assert not out.exists()

@@ -13,16 +13,18 @@ import hashlib
 import itertools
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
 from experiments.core.config import RunConfig
-from experiments.core.machine import environment, under_torchrun
+from experiments.core.machine import environment, host_id, under_torchrun
 from experiments.core.records import (
     LATER_FIELDS,
     RUN_PHASES,
@@ -194,21 +196,39 @@ def warn_already_recorded(jobs: list, out: Path) -> None:
               "measured again and appended as new records (add --resume to skip them)", file=sys.stderr)
 
 
-def warn_oversubscribed(jobs: list, cores: int | None = None) -> list[str]:
-    """Warn (and return the warnings) where threads per rank x ranks on this host exceed its cores."""
+def warn_oversubscribed(jobs: list, cores: int | None = None, ranks_here: int | None = None,
+                        under_torchrun: bool = False) -> list[str]:
+    """Warn (and return the warnings) where threads per rank x ranks on one host exceed its cores.
+
+    `ranks_here`: the ranks that share this host's `cores` (default: each job's world size, as the
+    built-in launcher starts them all here; under torchrun, its LOCAL_WORLD_SIZE)."""
     cores = cores or os.cpu_count() or 1
-    # Under torchrun only this host's ranks share its cores.
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    ranks_here = ranks_here or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None
     warnings = []
     computing = [job for job in jobs if getattr(job, "compute", "real") == "real"]  # emulated compute only waits
-    for threads, ranks in sorted({(job.threads, local or job.world_size) for job in computing}):
+    advice = "lower --threads, or start fewer ranks per host" if under_torchrun else "lower --threads or --world-size"
+    for threads, ranks in sorted({(job.threads, ranks_here or job.world_size) for job in computing}):
         if threads * ranks > cores:
             warnings.append(f"ddpbench: warning: {ranks} ranks x {threads} threads per rank = {threads * ranks} "
                             f"threads on {cores} cores: ranks wait for a core, and the latency measured includes "
-                            "that wait (lower --threads or --world-size)")
+                            f"that wait ({advice})")
     for warning in warnings:
         print(warning, file=sys.stderr)
     return warnings
+
+
+def hosts_of_ranks() -> dict[tuple[str, str], dict]:
+    """Under torchrun: every host of the job, as {(host name, host id): {"ranks", "cores"}}, from every
+    rank's answer (a collective: every rank calls it). torchrun's LOCAL_WORLD_SIZE counts one agent's
+    ranks only; two agents on one host share its cores all the same."""
+    here = (socket.gethostname(), host_id(), os.cpu_count() or 1)
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, here)
+    hosts: dict[tuple[str, str], dict] = {}
+    for name, ident, cores in everyone:
+        host = hosts.setdefault((name, ident), {"ranks": 0, "cores": cores})
+        host["ranks"] += 1
+    return hosts
 
 
 def run_sweep(configs: list[RunConfig], out: Path, resume: bool = False, timeout: float = 600.0,
@@ -247,14 +267,19 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
     counts = {"ok": 0, "failed": 0, "skipped": 0}
     env = environment(threads=configs[0].threads if configs else None) if rank == 0 else {}
     varying = varying_fields(configs)
+    hosts = hosts_of_ranks()
     if rank == 0:
-        warn_oversubscribed(configs)
+        # The built-in launcher's warning, once for each kind of host it applies to.
+        for ranks_here, cores in sorted({(host["ranks"], host["cores"]) for host in hosts.values()}):
+            warn_oversubscribed(configs, cores=cores, ranks_here=ranks_here, under_torchrun=True)
         if not resume:
             warn_already_recorded(configs, out)
     for config in configs:
         if config_key(dataclasses.asdict(config)) in shared[0]:
             counts["skipped"] += 1
             continue
+        # As the built-in launcher's ranks do: a config's threads, not torch's default (every core).
+        torch.set_num_threads(config.threads)
         started = time.perf_counter()
         local = measure(rank, world_size, dataclasses.asdict(config))
         gathered: list = [None] * world_size
