@@ -16,7 +16,7 @@ from experiments.core.records import append_record, read_records
 from experiments.emulate import network
 from experiments.emulate.compute import StandIn, StandInOptimizer, model_layout
 from experiments.measure.launch import run_ranks
-from experiments.measure.workloads import workload
+from experiments.measure.workloads import user_file, workload
 from experiments.perfmodel.comm import CommModel, Link, scale_model
 from experiments.perfmodel.gpus import estimated_seconds, scale_profile_record
 
@@ -183,3 +183,60 @@ def test_a_4_rank_emulated_sweep_over_2_hosts_records_undilated_times(tmp_path, 
     table = (tmp_path / "results" / "tables" / "scale_model.csv").read_text().splitlines()
     assert len(table) == 1 + 2 and (tmp_path / "results" / "figures" / "scale_model.png").exists()
     assert json.loads(json.dumps(records[0]["compute_source"]))["copies"] == 1
+
+
+MLP = '''
+import torch
+from torch import nn
+
+
+def build_model(hidden: int = 16):
+    return nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 4))
+
+
+def make_batch(model, batch_size, image_size, seq_len, generator):
+    return {"x": torch.randn(batch_size, 8, generator=generator), "y": torch.randn(batch_size, 4, generator=generator)}
+
+
+def loss(model, batch):
+    return nn.functional.mse_loss(model(batch["x"]), batch["y"])
+'''
+
+
+def test_a_user_models_training_flops_are_its_matrix_products_counted_by_hand(tmp_path):
+    from experiments.perfmodel.flops import training_flops
+
+    path = tmp_path / "mlp.py"
+    path.write_text(MLP)
+    # 2 FLOPs per multiply-add. Forward: x (B x 8) @ W1 (8 x 16), h (B x 16) @ W2 (16 x 4). Backward: each
+    # weight's gradient (as many multiply-adds as its forward), and the gradient of h (B x 4 @ 4 x 16); not
+    # that of x, which needs none. Bias gradients are sums, which FlopCounterMode does not count.
+    batch = 3
+    by_hand = 2 * batch * (8 * 16 + 16 * 4) * 2 + 2 * batch * 4 * 16
+    assert training_flops(str(path), "", batch, 64, 32) == by_hand == 2688
+    assert training_flops(str(path), "hidden=32", batch, 64, 32) == 2 * batch * (8 * 32 + 32 * 4) * 2 + 2 * batch * 4 * 32
+
+    # scale-profile: the user's model at the asked batch, through the command line
+    record = synthetic_profile()
+    record["config"].update(model=str(path), model_config="", model_hash=user_file.file_hash(path))
+    profiles, out = tmp_path / "profile.jsonl", tmp_path / "v100.jsonl"
+    append_record(profiles, record)
+    assert main(["scale-profile", "--profile", str(profiles), "--model", str(path), "--gpu", "v100",
+                 "--batch-size", "6", "--out", str(out)]) == 0
+    scaled = read_records(out)[0]["scaled_to"]
+    assert scaled["training_flops"] == 2 * by_hand and scaled["inputs"]["batch_size"] == 6
+    assert Profile.from_record(read_records(out)[0]).compute - scaled["compute_s"] == pytest.approx(0, abs=1e-12)
+    path.write_text(MLP.replace("hidden: int = 16", "hidden: int = 17"))  # not the file that was profiled
+    assert main(["scale-profile", "--profile", str(profiles), "--model", str(path), "--gpu", "v100",
+                 "--out", str(tmp_path / "other.jsonl")]) == 2
+
+
+def test_the_built_in_models_flops_are_counted_too_at_the_papers_inputs():
+    from experiments.perfmodel.flops import training_flops
+
+    resnet = training_flops("resnet50", "", 32, 224, 32)
+    # ResNet50 is 4.1 G multiply-adds forward per 224x224 image (8.2 GFLOPs); backward about twice that.
+    assert resnet == pytest.approx(3 * 2 * 4.1e9 * 32, rel=0.02)
+    assert estimated_seconds("resnet50", "v100") == pytest.approx(resnet / (0.4 * 15.7e12))
+    # BERT-base: about 6 FLOPs per parameter and token (2 forward, 4 backward), attention on top.
+    assert training_flops("bert-base", "", 16, 64, 128) == pytest.approx(6 * 110e6 * 16 * 128, rel=0.05)
