@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_list_params(run, list(LIST_PARAMS))
     _add_common(run)
     run.add_argument("--trace", type=Path, metavar="DIR", help="write a Chrome/Perfetto trace per config here")
+    run.add_argument("--dry-run", action="store_true",
+                     help="list the configs, one line each, with the time each would take where records of this "
+                          "machine (in --out and results/runs/<machine>/) allow an estimate; runs nothing")
 
     from experiments.measure import allreduce, train  # small modules; imported here to keep one parser in one place
     from experiments.regression import ab, compare
@@ -320,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(error, SameOnEveryRank) or _rank() == 0:
             print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if getattr(args, "dry_run", False):
+        from experiments.measure.dryrun import plan
+
+        for line in plan(jobs, args.out, args.resume):
+            print(line)
+        return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     size_before = args.out.stat().st_size if args.out.exists() else 0
     try:

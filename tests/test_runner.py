@@ -154,11 +154,17 @@ def test_phase_medians_come_from_the_rank_that_set_each_iteration():
 
 
 @pytest.mark.timeout(300)
-def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys):
+def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DDPBENCH_RESULTS", str(tmp_path))  # --dry-run reads no records but this test's
     out, trace = tmp_path / "r.jsonl", tmp_path / "trace"
     argv = ["run", *TINY, "--world-size", "2", "--impl", "ddp_core,torch", "--sync-every", "1,3",
             "--out", str(out)]
+    capsys.readouterr()
     assert main([*argv, "--trace", str(trace)]) == 0
+    printed = capsys.readouterr()
+    # stderr is no terminal here: no bar, no carriage return; stdout holds the summary lines alone
+    assert "\r" not in printed.err + printed.out and "warm-up" not in printed.err and "it/s" not in printed.err
+    assert [line[:5] for line in printed.out.splitlines()] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]", "ddpbe"]
     records = read_records(out)
     assert len(records) == 4 and all(r["status"] == "ok" and r["correct"] for r in records)
     for r in records:
@@ -177,6 +183,73 @@ def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys):
     assert main([*argv, "--resume"]) == 0
     assert "0 ok, 0 failed, 4 skipped" in capsys.readouterr().out
     assert len(read_records(out)) == 4
+
+    # --dry-run: twice the iterations, and a world size never measured here; it starts no process
+    monkeypatch.setattr("experiments.measure.sweep.RankPool", None)
+    size = out.stat().st_size
+    assert main([*argv, "--iters", "6", "--world-size", "2,3", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 9 and out.stat().st_size == size, lines
+    assert all("world_size=2" in line and ": about " in line and "1 record of this machine" in line
+               for line in lines[:4]), lines
+    assert all("world_size=3" in line and "no estimate" in line for line in lines[4:8]), lines
+    assert lines[8].startswith("ddpbench run --dry-run: 8 config(s) to measure, 0 skipped") and "4 without" in lines[8]
+    from experiments.measure.dryrun import estimate
+
+    ours = records[0]
+    t = ours["timing"]
+    overhead = t["config_wall_s"] - t["setup_s"] - t["warmup_s"] - t["measured_s"]
+    assert estimate(ours["config"], records) == (pytest.approx(t["config_wall_s"]), 1)  # the same config
+    assert estimate({**ours["config"], "iters": 6}, records)[0] == \
+        pytest.approx(t["setup_s"] + t["warmup_s"] + 2 * t["measured_s"] + overhead)
+    # another machine's records give no estimate; --resume marks what it would skip
+    other = tmp_path / "other.jsonl"
+    for record in records:
+        append_record(other, {**record, "env": {**record["env"], "machine_id": "another"}})
+    assert main([*argv, "--out", str(other), "--dry-run"]) == 0
+    assert sum("no estimate" in line for line in capsys.readouterr().out.splitlines()) == 4
+    assert main([*argv, "--resume", "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("skipped (already recorded") == 4
+
+
+@pytest.mark.timeout(300)
+def test_on_a_terminal_the_iterations_of_a_config_show_as_a_bar(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("experiments.measure.progress.shown", lambda stream=None: True)  # as on a terminal
+    assert main(["run", *TINY, "--world-size", "2", "--out", str(tmp_path / "r.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert "warm-up: " in err and "/1 [" in err, err  # TINY: 1 warm-up iteration, 3 measured
+    assert "measured: " in err and "/3 [" in err, err
+
+
+def test_other_processes_keeping_cores_busy_are_told_apart_from_the_ranks():
+    from experiments.measure.sweep import busy_warning, other_cores_busy
+
+    def rank(host, own, busy=None, wall=2.0):
+        return {"load": {"host": host, "own_cpu_s": own, "machine_busy_s": busy, "measuring_s": wall}}
+
+    # 3 core-seconds busy over 2 s, the two ranks of this host used 2 of them: 0.5 cores were others'
+    assert other_cores_busy([rank("a", 1.0, 3.0), rank("a", 1.0)]) == pytest.approx(0.5)
+    # a rank on another host (torchrun) used none of this host's cores
+    assert other_cores_busy([rank("a", 1.0, 3.0), rank("b", 1.0)]) == pytest.approx(1.0)
+    assert other_cores_busy([rank("a", 1.5, 2.0), rank("a", 1.0)]) == 0.0  # never below zero
+    assert other_cores_busy([rank("a", 1.0, None)]) is None and other_cores_busy([{}]) is None
+    assert busy_warning({"timing": {"other_cores_busy": 0.1}, "env": {"cpu_count": 2}}) is None
+    warning = busy_warning({"timing": {"other_cores_busy": 0.5}, "env": {"cpu_count": 2}})
+    assert warning.startswith("ddpbench: warning: other processes kept 0.5 of 2 cores busy while this config")
+
+
+@pytest.mark.timeout(300)
+def test_run_warns_after_a_config_that_another_process_kept_cores_busy_during(tmp_path, capsys):
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # running before the config's measured iterations start
+        assert main(["run", *TINY, "--world-size", "2", "--iters", "30", "--out", str(tmp_path / "r.jsonl")]) == 0
+    finally:
+        busy.kill()
+        busy.wait()
+    record = read_records(tmp_path / "r.jsonl")[0]
+    assert record["timing"]["other_cores_busy"] > 0.2, record["timing"]
+    assert "ddpbench: warning: other processes kept" in capsys.readouterr().err
 
 
 def flaky_measure(rank, world_size, fields):
