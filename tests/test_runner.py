@@ -17,6 +17,7 @@ from experiments.core.records import SchemaError, append_record, load_records, r
 from experiments.core.stats import phase_medians, slowest_rank_per_cycle
 from experiments.measure.configs import expand_grid, validate
 from experiments.measure.sweep import run_jobs
+from tests.start_up import rank_start_up_s, timeout_after_start_up
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "resnet-tiny", "--image-size", "16", "--batch-size", "2", "--iters", "3", "--warmup", "1"]
@@ -269,16 +270,21 @@ def test_a_crashing_or_hanging_rank_is_recorded_as_failed_and_the_sweep_goes_on(
     out = tmp_path / "r.jsonl"
     jobs = [RunConfig(seed=s) for s in range(4)]
     lines = []
+    # The timeout also covers fresh ranks' start-up (jobs 0, 2 and 3 start ranks): scaled from this machine's now.
+    start_up = rank_start_up_s()
+    timeout = timeout_after_start_up(start_up)
     started = time.monotonic()
     counts = run_jobs(jobs, out, flaky_measure, lambda job, per_rank, wall: {"kind": "run", "status": "ok",
                       "config": {"seed": job.seed}, "summary": {"p50": wall}, "pids": [r["pid"] for r in per_rank]},
-                      "run", timeout=20, echo=lines.append)
-    assert time.monotonic() - started < 120
+                      "run", timeout=timeout, echo=lines.append)
+    # One timeout (the hang) and the start-ups; a crash noticed only at its timeout would add another
+    # (timeout >= 3 start-ups: beyond this bound).
+    assert time.monotonic() - started < 1.5 * timeout + 3 * start_up
     assert counts == {"ok": 2, "failed": 2, "skipped": 0}
     records = read_records(out)
     assert [r["status"] for r in records] == ["ok", "failed", "failed", "ok"]
     assert "rank 1 of 2 raised" in records[1]["error"] and "injected failure" in records[1]["error"]
-    assert "rank(s) [0, 1] did not finish within 20 s" in records[2]["error"]  # rank 1 waits for rank 0
+    assert f"rank(s) [0, 1] did not finish within {timeout:.0f} s" in records[2]["error"]  # rank 1 waits for rank 0
     assert lines[0].startswith("[1/4] ") and [line.split()[:2] for line in lines[1:3]] == [["[2/4]", "FAILED"],
                                                                                           ["[3/4]", "FAILED"]]
     assert lines[3].startswith("[4/4] ")  # progress on every line, although stderr is no terminal here

@@ -57,9 +57,14 @@ def test_the_stand_in_has_exactly_the_models_parameters_and_buffers(model):
         [(n, b.shape, b.dtype) for n, b in real.named_buffers()]
 
 
-def _arrivals(rank: int, world_size: int, record: dict, impl: str, dilation: float) -> dict:
-    """On each rank: a stand-in wrapped in `impl`; when each gradient reached its parameter, in seconds
-    after backward started, over two iterations (the first allocates the gradients, the second reuses them)."""
+MEASURED = 3  # iterations looked at, after two that are not: the first allocates the gradients, and after it
+# the DDPs rebuild their buckets (CPU work in the second forward, which load stretches by up to a few 100 ms)
+
+
+def _arrivals(rank: int, world_size: int, record: dict, impl: str, dilation: float) -> list[dict]:
+    """On each rank: a stand-in wrapped in `impl`; per iteration after the first two (MEASURED of them),
+    when each gradient reached its parameter (seconds after backward started), and the forward,
+    backward and step times."""
     profile = Profile.from_record(record)
     stand_in = StandIn(model_layout(workload(record["config"]["model"]).MODELS[record["config"]["model"]]),
                        profile, dilation, torch.device("cpu"))
@@ -69,8 +74,8 @@ def _arrivals(rank: int, world_size: int, record: dict, impl: str, dilation: flo
     seen: list = []
     for index, p in enumerate(stand_in.parameters()):
         p.register_post_accumulate_grad_hook(lambda _, index=index: seen.append((index, time.perf_counter())))
-    result = {}
-    for _ in range(2):
+    results = []
+    for _ in range(2 + MEASURED):
         seen.clear()
         started = time.perf_counter()
         loss = ddp()
@@ -81,13 +86,13 @@ def _arrivals(rank: int, world_size: int, record: dict, impl: str, dilation: flo
         step_start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad()
-        result = {"order": [i for i, _ in seen], "times": [t - backward_start for _, t in seen],
-                  "forward_s": forward_s, "backward_s": backward_s, "step_s": time.perf_counter() - step_start,
-                  "grads_kept": all(p.grad is not None for p in stand_in.parameters())}
-    return result
+        results.append({"order": [i for i, _ in seen], "times": [t - backward_start for _, t in seen],
+                        "forward_s": forward_s, "backward_s": backward_s, "step_s": time.perf_counter() - step_start,
+                        "grads_kept": all(p.grad is not None for p in stand_in.parameters())})
+    return results[2:]
 
 
-def _arrivals_under_both(rank: int, world_size: int, record: dict) -> list[dict]:
+def _arrivals_under_both(rank: int, world_size: int, record: dict) -> list[list[dict]]:
     """`_arrivals` under ddp_core and PyTorch's DDP, each at time dilation 1 and 2 (one launch)."""
     return [_arrivals(rank, world_size, record, impl, dilation)
             for impl in ("ddp_core", "torch") for dilation in (1.0, 2.0)]
@@ -95,20 +100,27 @@ def _arrivals_under_both(rank: int, world_size: int, record: dict) -> list[dict]
 
 @pytest.mark.timeout(300)
 def test_gradients_arrive_in_the_profiled_order_at_the_profiled_times():
+    """Never early, in every iteration. Late by DDP's own work and by other processes taking the cores:
+    a wait that is wrong is wrong in every iteration, load only in some, so the upper bounds hold for
+    the best of the MEASURED iterations (one busy machine stretched single forwards from 20 to 76 ms)."""
     record = synthetic_profile()
     profile = Profile.from_record(record)
     expected_order = sorted(range(len(profile.ready)), key=profile.ready.__getitem__)
     for per_rank in run_ranks(_arrivals_under_both, 2, (record,)):
-        for result, dilation in zip(per_rank, (1.0, 2.0, 1.0, 2.0)):
-            assert result["order"] == expected_order
-            late = [t - profile.ready[i] * dilation for i, t in zip(result["order"], result["times"])]
-            assert min(late) > -0.001, "a gradient arrived before its profiled time"
-            assert statistics.median(late) < 0.010  # a sleep wakes late by well under a millisecond, unloaded
-            # Never shorter than the profile; longer by DDP's own work (buffer broadcast, launches) and load.
-            assert FORWARD * dilation <= result["forward_s"] < FORWARD * dilation + 0.05
-            assert result["backward_s"] >= profile.backward * dilation
-            assert STEP * dilation <= result["step_s"] < STEP * dilation + 0.05
-            assert result["grads_kept"]
+        for results, dilation in zip(per_rank, (1.0, 2.0, 1.0, 2.0)):
+            lateness = []
+            for result in results:
+                assert result["order"] == expected_order
+                late = [t - profile.ready[i] * dilation for i, t in zip(result["order"], result["times"])]
+                assert min(late) > -0.001, "a gradient arrived before its profiled time"
+                lateness.append(statistics.median(late))
+                assert result["forward_s"] >= FORWARD * dilation and result["step_s"] >= STEP * dilation
+                assert result["backward_s"] >= profile.backward * dilation
+                assert result["grads_kept"]
+            assert min(lateness) < 0.010  # a sleep wakes late by well under a millisecond, unloaded
+            # Longer than the profile by DDP's own work (buffer broadcast, launches): milliseconds.
+            assert min(r["forward_s"] for r in results) < FORWARD * dilation + 0.05
+            assert min(r["step_s"] for r in results) < STEP * dilation + 0.05
 
 
 def test_a_profile_scaled_to_a_gpu_says_so_and_keeps_the_proportions():
@@ -158,18 +170,20 @@ def test_a_4_rank_emulated_sweep_over_2_hosts_records_undilated_times(tmp_path, 
     append_record(profile, synthetic_profile("resnet-tiny", copies=1))
     out = tmp_path / "results" / "runs" / "m" / "scale_e4_two_hosts.jsonl"
     out.parent.mkdir(parents=True)
-    started = time.perf_counter()
     assert main(["run", "--model", "resnet-tiny", "--world-size", "4", "--ranks-per-host", "2", "--link", "1gbit",
                  "--compute", "emulated", "--compute-profile", str(profile), "--time-dilation", "3",
                  "--impl", "ddp_core,torch", "--iters", "3", "--warmup", "1", "--threads", "1",
                  "--out", str(out)]) == 0
-    assert time.perf_counter() - started < 60
     records = read_records(out)
     assert len(records) == 2 and all(r["status"] == "ok" and r["correct"] for r in records)
     compute = Profile.from_record(synthetic_profile("resnet-tiny"))
+    iteration = compute.forward + compute.backward + compute.optimizer
     for r in records:
         assert r["compute_source"]["file"] == str(profile)
-        assert min(r["latency_s"]) >= compute.forward + compute.backward + compute.optimizer  # never faster
+        assert min(r["latency_s"]) >= iteration  # never faster
+        # Undilated, about the profile: DDP's CPU work and tiny all-reduces add a little (divided by K); a
+        # dilation applied twice would make it K times the profile. (A median: load stretches single ones.)
+        assert statistics.median(r["latency_s"]) < 2 * iteration
         assert r["env"]["network"]["emulated_link"] == "1gbit"
         assert r["raw_latency_s"] == pytest.approx([t * 3 for t in r["latency_s"]])
         assert r["env"]["network"]["qdisc"].startswith("tbf rate 333333.333kbit")  # 1gbit / 3
