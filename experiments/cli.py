@@ -163,6 +163,9 @@ def resolve_run_configs(args: argparse.Namespace) -> list[RunConfig]:
                          if getattr(args, name) is not None})
 
 
+EXIT_INTERRUPTED = 130  # as a shell reports a command that Ctrl-C ended
+
+
 def _rank() -> int:
     """This process's rank under torchrun (RANK), else 0: the built-in launcher's parent speaks for its ranks."""
     from experiments.core.machine import under_torchrun
@@ -176,7 +179,8 @@ def _terminate(signum, frame) -> None:
 
 def main_job(profile: str | None, out_dir: Path, only: str | None) -> int:
     """Run every experiment of a main-job profile through this CLI, each into out_dir/<name>.jsonl,
-    resuming finished configs; exit 2 on bad input, 1 if some config failed."""
+    resuming finished configs; exit 2 on bad input, 130 once a step was interrupted (the steps after it do
+    not run), 1 if some config failed."""
     import torch
 
     profile = profile or plans.default_profile()
@@ -204,6 +208,8 @@ def main_job(profile: str | None, out_dir: Path, only: str | None) -> int:
         if status == EXIT_BAD_INPUT:
             return EXIT_BAD_INPUT
         plans.note_profile(out_dir, name, profile)
+        if status == EXIT_INTERRUPTED:  # Ctrl-C stops the job, not just this step (and the steps ignore it after)
+            return EXIT_INTERRUPTED
         failed += status != 0
     return 1 if failed else 0
 
@@ -347,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"\nddpbench: interrupted before any config finished; nothing was added to {args.out}",
                   file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     if _rank() == 0:  # under torchrun, rank 0 writes the records: the other ranks claim none
         print(f"ddpbench {args.command}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped "
               f"(already recorded); records in {args.out}")
