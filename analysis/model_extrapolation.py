@@ -20,7 +20,7 @@ from analysis.common import figure, machine, results_dir, save
 from experiments.core.profile import Profile
 from experiments.core.records import read_records
 from experiments.perfmodel.comm import CLUSTERS
-from experiments.perfmodel.gpus import TRAINING_FLOPS, estimated_seconds
+from experiments.perfmodel.gpus import PAPER_INPUTS, estimated_seconds
 from experiments.perfmodel.simulate import Schedule, simulate
 
 WORLD_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -35,7 +35,7 @@ def v100_profiles() -> dict[str, Profile]:
         if folder.exists() else []
     profiles = {}
     for record in records:  # the newest one-process profile of each model wins (one GPU per rank on the cluster)
-        if record["config"]["model"] in TRAINING_FLOPS and record["config"]["world_size"] == 1:
+        if record["config"]["model"] in PAPER_INPUTS and record["config"]["world_size"] == 1:
             profile = Profile.from_record(record)
             seconds = estimated_seconds(profile.model, "v100")
             profiles[profile.model] = profile.scaled(seconds / profile.compute)

@@ -29,7 +29,7 @@ from experiments.core.config import (
 )
 from experiments.core.records import show_record_warnings_as_lines
 from experiments.measure import plans
-from experiments.measure.configs import check_network_available, resolve_grid
+from experiments.measure.configs import SameOnEveryRank, check_network_available, check_torchrun_job, resolve_grid
 from experiments.measure.workloads import WORKLOADS
 from experiments.measure.workloads.spec import MODEL_HELP
 
@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_list_params(run, list(LIST_PARAMS))
     _add_common(run)
     run.add_argument("--trace", type=Path, metavar="DIR", help="write a Chrome/Perfetto trace per config here")
+    run.add_argument("--dry-run", action="store_true",
+                     help="list the configs, one line each, with the time each would take where records of this "
+                          "machine (in --out and results/runs/<machine>/) allow an estimate; runs nothing")
 
     from experiments.measure import allreduce, train  # small modules; imported here to keep one parser in one place
     from experiments.regression import ab, compare
@@ -164,13 +167,24 @@ def resolve_run_configs(args: argparse.Namespace) -> list[RunConfig]:
                          if getattr(args, name) is not None})
 
 
+EXIT_INTERRUPTED = 130  # as a shell reports a command that Ctrl-C ended
+
+
+def _rank() -> int:
+    """This process's rank under torchrun (RANK), else 0: the built-in launcher's parent speaks for its ranks."""
+    from experiments.core.machine import under_torchrun
+
+    return int(os.environ["RANK"]) if under_torchrun() else 0
+
+
 def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main_job(profile: str | None, out_dir: Path, only: str | None) -> int:
     """Run every experiment of a main-job profile through this CLI, each into out_dir/<name>.jsonl,
-    resuming finished configs; exit 2 on bad input, 1 if some config failed."""
+    resuming finished configs; exit 2 on bad input, 130 once a step was interrupted (the steps after it do
+    not run), 1 if some config failed."""
     import torch
 
     profile = profile or plans.default_profile()
@@ -198,6 +212,8 @@ def main_job(profile: str | None, out_dir: Path, only: str | None) -> int:
         if status == EXIT_BAD_INPUT:
             return EXIT_BAD_INPUT
         plans.note_profile(out_dir, name, profile)
+        if status == EXIT_INTERRUPTED:  # Ctrl-C stops the job, not just this step (and the steps ignore it after)
+            return EXIT_INTERRUPTED
         failed += status != 0
     return 1 if failed else 0
 
@@ -314,9 +330,19 @@ def main(argv: list[str] | None = None) -> int:
         mode = {"allreduce": allreduce, "train": train, "profile": perfmodel}.get(args.command)
         jobs = resolve_run_configs(args) if mode is None else mode.resolve(args)
         check_network_available(jobs)
+        if mode is None:
+            check_torchrun_job(jobs)
     except ConfigError as error:
-        print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
+        # Under torchrun every rank runs this: what all find alike, rank 0 alone says (one line, not one per rank).
+        if not isinstance(error, SameOnEveryRank) or _rank() == 0:
+            print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if getattr(args, "dry_run", False):
+        from experiments.measure.dryrun import plan
+
+        for line in plan(jobs, args.out, args.resume):
+            print(line)
+        return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     size_before = args.out.stat().st_size if args.out.exists() else 0
     try:
@@ -335,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"\nddpbench: interrupted before any config finished; nothing was added to {args.out}",
                   file=sys.stderr)
-        return 130
-    print(f"ddpbench {args.command}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped "
-          f"(already recorded); records in {args.out}")
+        return EXIT_INTERRUPTED
+    if _rank() == 0:  # under torchrun, rank 0 writes the records: the other ranks claim none
+        print(f"ddpbench {args.command}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped "
+              f"(already recorded); records in {args.out}")
     return 1 if counts["failed"] else 0

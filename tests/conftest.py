@@ -2,6 +2,7 @@
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -21,3 +22,14 @@ if "DDPBENCH_MACHINE_FILE" not in os.environ:
     _machines = tempfile.mkdtemp(prefix="ddpbench-tests-")
     os.environ["DDPBENCH_MACHINE_FILE"] = os.path.join(_machines, "machine.json")
     atexit.register(shutil.rmtree, _machines, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """The CLI's main() installs a SIGTERM handler and, once interrupted, ignores SIGINT for its exit: a
+    test that calls it in-process must not leave the tests after it (some interrupt their own process,
+    as Ctrl-C does) with Ctrl-C ignored."""
+    saved = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for number, handler in saved.items():
+        signal.signal(number, handler)

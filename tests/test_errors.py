@@ -103,28 +103,33 @@ def failing_hook_then_training_goes_on(rank, world_size):
     return len(calls)
 
 
-@pytest.mark.timeout(120)
+# A timeout far above the ranks' start-up even on a busy machine: an error that comes at once comes well
+# before half of it, one that waits for it after (the bounds below are relative to it, not to a quiet machine).
+LONG_TIMEOUT = 240
+
+
+@pytest.mark.timeout(LONG_TIMEOUT + 60)
 def test_a_failing_comm_hook_raises_and_leaves_nothing_half_done():
-    assert run_ranks(failing_hook_then_training_goes_on, 2, timeout=60) == [8, 8]  # 4 buckets, 2 backwards
+    assert run_ranks(failing_hook_then_training_goes_on, 2, timeout=LONG_TIMEOUT) == [8, 8]  # 4 buckets, 2 backwards
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(LONG_TIMEOUT + 60)
 def test_different_models_on_ranks_fail_naming_the_mismatch():
     with pytest.raises(RankFailed, match=r"different models \(parameter 0: .*\(4, 4\).* on rank 0, .*\(5, 4\).* on rank 1"):
-        run_ranks(different_models, 2, timeout=60)
+        run_ranks(different_models, 2, timeout=LONG_TIMEOUT)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(LONG_TIMEOUT + 60)
 def test_unused_parameters_without_the_flag_name_them_instead_of_hanging():
     start = time.monotonic()
     with pytest.raises(RankFailed, match=r"received no gradient.*branches\.1\.weight.*never\.weight.*find_unused_parameters=True"):
-        run_ranks(unused_without_flag, 2, timeout=60)
-    assert time.monotonic() - start < 50, "the error came only after a timeout"
+        run_ranks(unused_without_flag, 2, timeout=LONG_TIMEOUT)
+    assert time.monotonic() - start < LONG_TIMEOUT / 2, "the error came only after a timeout"
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(LONG_TIMEOUT + 60)
 def test_misuse_inside_a_process_group_raises():
-    run_ranks(misuse_checks, 2, timeout=60)
+    run_ranks(misuse_checks, 2, timeout=LONG_TIMEOUT)
 
 
 def crash_on_rank_1(rank, world_size):
@@ -137,12 +142,12 @@ def hang(rank, world_size):
     time.sleep(3600)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(LONG_TIMEOUT + 60)
 def test_launcher_reports_a_crashed_rank_at_once():
     start = time.monotonic()
     with pytest.raises(RankFailed, match=r"rank 1 of 2 raised:(.|\n)*ZeroDivisionError: boom on purpose"):
-        run_ranks(crash_on_rank_1, 2, timeout=60)
-    assert time.monotonic() - start < 40
+        run_ranks(crash_on_rank_1, 2, timeout=LONG_TIMEOUT)
+    assert time.monotonic() - start < LONG_TIMEOUT / 2, "the crash was reported only after a timeout"
 
 
 @pytest.mark.timeout(120)

@@ -13,6 +13,7 @@ from experiments.core.config import RunConfig
 from experiments.core.records import read_records
 from experiments.emulate import network
 from experiments.measure.sweep import run_jobs
+from tests.start_up import rank_start_up_s, timeout_after_start_up
 from tests.test_runner import ROOT, TINY, _alive, flaky_measure
 
 PROBLEMS = network.check()
@@ -69,10 +70,13 @@ def test_a_training_sweep_on_two_emulated_hosts_records_its_network(tmp_path):
 @pytest.mark.timeout(300)
 def test_a_crashing_or_hanging_rank_leaves_no_namespace_behind(tmp_path):
     jobs = [RunConfig(seed=s, link="100mbit") for s in range(3)]  # ok, crash on rank 1, hang on rank 0
+    # The first job's timeout covers its ranks' start-up on emulated hosts: scaled from this machine's now
+    # (15 s was too short at a load average of 11).
+    timeout = timeout_after_start_up(rank_start_up_s(link="100mbit"))
     counts = run_jobs(jobs, tmp_path / "r.jsonl", flaky_measure,
                       lambda job, per_rank, wall: {"kind": "run", "status": "ok", "config": {"seed": job.seed},
                                                    "summary": {"p50": wall}},
-                      "run", timeout=15, echo=lambda line: None)
+                      "run", timeout=timeout, echo=lambda line: None)
     assert counts == {"ok": 1, "failed": 2, "skipped": 0}
     assert not _namespaces_of(os.getpid())
 

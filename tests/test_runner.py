@@ -17,6 +17,7 @@ from experiments.core.records import SchemaError, append_record, load_records, r
 from experiments.core.stats import phase_medians, slowest_rank_per_cycle
 from experiments.measure.configs import expand_grid, validate
 from experiments.measure.sweep import run_jobs
+from tests.start_up import rank_start_up_s, timeout_after_start_up
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "resnet-tiny", "--image-size", "16", "--batch-size", "2", "--iters", "3", "--warmup", "1"]
@@ -154,11 +155,17 @@ def test_phase_medians_come_from_the_rank_that_set_each_iteration():
 
 
 @pytest.mark.timeout(300)
-def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys):
+def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DDPBENCH_RESULTS", str(tmp_path))  # --dry-run reads no records but this test's
     out, trace = tmp_path / "r.jsonl", tmp_path / "trace"
     argv = ["run", *TINY, "--world-size", "2", "--impl", "ddp_core,torch", "--sync-every", "1,3",
             "--out", str(out)]
+    capsys.readouterr()
     assert main([*argv, "--trace", str(trace)]) == 0
+    printed = capsys.readouterr()
+    # stderr is no terminal here: no bar, no carriage return; stdout holds the summary lines alone
+    assert "\r" not in printed.err + printed.out and "warm-up" not in printed.err and "it/s" not in printed.err
+    assert [line[:5] for line in printed.out.splitlines()] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]", "ddpbe"]
     records = read_records(out)
     assert len(records) == 4 and all(r["status"] == "ok" and r["correct"] for r in records)
     for r in records:
@@ -184,6 +191,73 @@ def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys):
     assert "0 ok, 0 failed, 4 skipped" in capsys.readouterr().out
     assert len(read_records(out)) == 4
 
+    # --dry-run: twice the iterations, and a world size never measured here; it starts no process
+    monkeypatch.setattr("experiments.measure.sweep.RankPool", None)
+    size = out.stat().st_size
+    assert main([*argv, "--iters", "6", "--world-size", "2,3", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 9 and out.stat().st_size == size, lines
+    assert all("world_size=2" in line and ": about " in line and "1 record of this machine" in line
+               for line in lines[:4]), lines
+    assert all("world_size=3" in line and "no estimate" in line for line in lines[4:8]), lines
+    assert lines[8].startswith("ddpbench run --dry-run: 8 config(s) to measure, 0 skipped") and "4 without" in lines[8]
+    from experiments.measure.dryrun import estimate
+
+    ours = records[0]
+    t = ours["timing"]
+    overhead = t["config_wall_s"] - t["setup_s"] - t["warmup_s"] - t["measured_s"]
+    assert estimate(ours["config"], records) == (pytest.approx(t["config_wall_s"]), 1)  # the same config
+    assert estimate({**ours["config"], "iters": 6}, records)[0] == \
+        pytest.approx(t["setup_s"] + t["warmup_s"] + 2 * t["measured_s"] + overhead)
+    # another machine's records give no estimate; --resume marks what it would skip
+    other = tmp_path / "other.jsonl"
+    for record in records:
+        append_record(other, {**record, "env": {**record["env"], "machine_id": "another"}})
+    assert main([*argv, "--out", str(other), "--dry-run"]) == 0
+    assert sum("no estimate" in line for line in capsys.readouterr().out.splitlines()) == 4
+    assert main([*argv, "--resume", "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("skipped (already recorded") == 4
+
+
+@pytest.mark.timeout(300)
+def test_on_a_terminal_the_iterations_of_a_config_show_as_a_bar(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("experiments.measure.progress.shown", lambda stream=None: True)  # as on a terminal
+    assert main(["run", *TINY, "--world-size", "2", "--out", str(tmp_path / "r.jsonl")]) == 0
+    err = capsys.readouterr().err
+    assert "warm-up: " in err and "/1 [" in err, err  # TINY: 1 warm-up iteration, 3 measured
+    assert "measured: " in err and "/3 [" in err, err
+
+
+def test_other_processes_keeping_cores_busy_are_told_apart_from_the_ranks():
+    from experiments.measure.sweep import busy_warning, other_cores_busy
+
+    def rank(host, own, busy=None, wall=2.0):
+        return {"load": {"host": host, "own_cpu_s": own, "machine_busy_s": busy, "measuring_s": wall}}
+
+    # 3 core-seconds busy over 2 s, the two ranks of this host used 2 of them: 0.5 cores were others'
+    assert other_cores_busy([rank("a", 1.0, 3.0), rank("a", 1.0)]) == pytest.approx(0.5)
+    # a rank on another host (torchrun) used none of this host's cores
+    assert other_cores_busy([rank("a", 1.0, 3.0), rank("b", 1.0)]) == pytest.approx(1.0)
+    assert other_cores_busy([rank("a", 1.5, 2.0), rank("a", 1.0)]) == 0.0  # never below zero
+    assert other_cores_busy([rank("a", 1.0, None)]) is None and other_cores_busy([{}]) is None
+    assert busy_warning({"timing": {"other_cores_busy": 0.1}, "env": {"cpu_count": 2}}) is None
+    warning = busy_warning({"timing": {"other_cores_busy": 0.5}, "env": {"cpu_count": 2}})
+    assert warning.startswith("ddpbench: warning: other processes kept 0.5 of 2 cores busy while this config")
+
+
+@pytest.mark.timeout(300)
+def test_run_warns_after_a_config_that_another_process_kept_cores_busy_during(tmp_path, capsys):
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # running before the config's measured iterations start
+        assert main(["run", *TINY, "--world-size", "2", "--iters", "30", "--out", str(tmp_path / "r.jsonl")]) == 0
+    finally:
+        busy.kill()
+        busy.wait()
+    record = read_records(tmp_path / "r.jsonl")[0]
+    assert record["timing"]["other_cores_busy"] > 0.2, record["timing"]
+    assert "ddpbench: warning: other processes kept" in capsys.readouterr().err
+
 
 def flaky_measure(rank, world_size, fields):
     """A stand-in workload: config 1 crashes on rank 1, config 2 hangs on rank 0, the others succeed."""
@@ -202,16 +276,27 @@ def test_a_crashing_or_hanging_rank_is_recorded_as_failed_and_the_sweep_goes_on(
     out = tmp_path / "r.jsonl"
     jobs = [RunConfig(seed=s) for s in range(4)]
     lines = []
-    started = time.monotonic()
+    # The timeout also covers fresh ranks' start-up (jobs 0, 2 and 3 start ranks): scaled from this machine's now.
+    timeout = timeout_after_start_up(rank_start_up_s())
+    ends = [time.monotonic()]
+
+    def echo(line):
+        ends.append(time.monotonic())
+        lines.append(line)
+
     counts = run_jobs(jobs, out, flaky_measure, lambda job, per_rank, wall: {"kind": "run", "status": "ok",
                       "config": {"seed": job.seed}, "summary": {"p50": wall}, "pids": [r["pid"] for r in per_rank]},
-                      "run", timeout=20, echo=lines.append)
-    assert time.monotonic() - started < 120
+                      "run", timeout=timeout, echo=echo)
+    took = [b - a for a, b in zip(ends, ends[1:])]
+    # The crash runs on job 0's ranks (no start-up): reported at once, not at its timeout. The hang ends
+    # at its timeout (its fresh ranks' start-up included), and then at once.
+    assert took[1] < timeout / 2, (took, timeout)
+    assert timeout <= took[2] < 1.5 * timeout, (took, timeout)
     assert counts == {"ok": 2, "failed": 2, "skipped": 0}
     records = read_records(out)
     assert [r["status"] for r in records] == ["ok", "failed", "failed", "ok"]
     assert "rank 1 of 2 raised" in records[1]["error"] and "injected failure" in records[1]["error"]
-    assert "rank(s) [0, 1] did not finish within 20 s" in records[2]["error"]  # rank 1 waits for rank 0
+    assert f"rank(s) [0, 1] did not finish within {timeout:.0f} s" in records[2]["error"]  # rank 1 waits for rank 0
     assert lines[0].startswith("[1/4] ") and [line.split()[:2] for line in lines[1:3]] == [["[2/4]", "FAILED"],
                                                                                           ["[3/4]", "FAILED"]]
     assert lines[3].startswith("[4/4] ")  # progress on every line, although stderr is no terminal here
@@ -250,6 +335,20 @@ def test_ctrl_c_before_any_config_finished_does_not_point_to_records(tmp_path, c
     assert "interrupted before any config finished; nothing was added to" in err and "--resume" not in err
 
 
+def test_ctrl_c_in_a_step_of_the_main_job_stops_the_job(tmp_path, monkeypatch):
+    from experiments import cli
+
+    steps = []
+
+    def interrupted_step(argv):
+        steps.append(argv[0])
+        return 130  # what main() returns after Ctrl-C (and it then ignores Ctrl-C until its process exits)
+
+    monkeypatch.setattr(cli, "main", interrupted_step)
+    assert cli.main_job("smoke", tmp_path, None) == 130
+    assert len(steps) == 1, steps  # the job's next steps did not run
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -261,7 +360,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)  # beside other work, start-up and 5 configs of 150 iterations take minutes
 def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path):
     out = tmp_path / "r.jsonl"
     # Long enough configs (several seconds each) that the interrupt surely lands mid-sweep.
@@ -271,16 +370,16 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path):
     # and Python then installs no Ctrl-C handler at all.
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not out.exists() or not out.read_text().strip()):
+    while proc.poll() is None and (not out.exists() or not out.read_text().strip()):  # the first config's record
         time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()  # (pytest's timeout ends a run that records nothing)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=240)
     assert proc.returncode == 130, err
     assert "add --resume to continue" in err
     finished = len(read_records(out))
     assert 1 <= finished < 5
-    done = subprocess.run([*argv, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    done = subprocess.run([*argv, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=480)
     assert done.returncode == 0, done.stderr
     assert f"{5 - finished} ok, 0 failed, {finished} skipped" in done.stdout
     assert sorted(r["config"]["bucket_mb"] for r in read_records(out)) == [0, 1, 2, 3, 25]
@@ -317,39 +416,72 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.timeout(300)
-def test_two_torchrun_agents_record_what_the_built_in_launcher_records(tmp_path):
-    """Two torchrun "nodes" on loopback, joined by a c10d rendezvous, run the same sweep."""
-    sweep = ["run", *TINY, "--world-size", "2", "--impl", "ddp_core,torch", "--threads", "1"]
-    builtin = tmp_path / "builtin.jsonl"
-    assert main([*sweep, "--out", str(builtin)]) == 0
-    out, port = tmp_path / "torchrun.jsonl", _free_port()
-    agents = [
+def _torchrun(args: list[str], log: Path, nodes: int = 1, node_args=lambda node: []) -> list[subprocess.Popen]:
+    """`nodes` torchrun agents of `python -m experiments ARGS`, their output in `log` with the node's number."""
+    return [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-             "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-             # Both agents are on one host: say which one hosts the rendezvous store, or they may race.
-             "--rdzv-conf", f"is_host={int(node == 0)}",
-             "--rdzv-id", "ddpbench-test", "--max-restarts", "0",
-             "-m", "experiments", *sweep, "--out", str(out)],
-            cwd=ROOT, stdout=(tmp_path / f"agent{node}.log").open("w"), stderr=subprocess.STDOUT,
-            env={**os.environ, "TMPDIR": str(tmp_path)},  # torchrun's own log folders: not left in /tmp
+            [sys.executable, "-m", "torch.distributed.run", *node_args(node), "-m", "experiments", *args],
+            cwd=ROOT, stdout=log.with_suffix(f".{node}.log").open("w"), stderr=subprocess.STDOUT,
+            env={**os.environ, "TMPDIR": str(log.parent)},  # torchrun's own log folders: not left in /tmp
         )
-        for node in range(2)
+        for node in range(nodes)
     ]
-    deadline = time.monotonic() + 240
+
+
+def _wait_for_agents(agents: list[subprocess.Popen], log: Path, seconds: float) -> list[str]:
+    """Wait for the agents (killing any left after `seconds`); their logs, headed by their exit status."""
+    deadline = time.monotonic() + seconds
     try:
         for agent in agents:
             agent.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        pass  # reported below, with both agents' output (a hang has been seen at an agent's exit)
+        pass  # reported by the caller, with every agent's output (a hang has been seen at an agent's exit)
     finally:
         for agent in agents:  # never leave an agent behind, even after a timeout
             agent.kill()
             agent.wait()
-    logs = [f"--- agent {node} (exit {a.returncode}):\n" + (tmp_path / f"agent{node}.log").read_text()
+    return [f"--- agent {node} (exit {a.returncode}):\n" + log.with_suffix(f".{node}.log").read_text()
             for node, a in enumerate(agents)]
+
+
+@pytest.mark.timeout(300)
+def test_two_torchrun_agents_record_what_the_built_in_launcher_records(tmp_path, capsys):
+    """Two torchrun "nodes" on loopback, joined by a c10d rendezvous (in the form docs/gpu-cluster.md
+    gives: no --node-rank, which c10d ignores with a warning), run the same sweep. Their ranks share
+    this host's cores: with as many threads per rank as it has cores, the built-in launcher's
+    oversubscription warning is given (once, by rank 0), and only the agent of rank 0 names the records."""
+    cores = os.cpu_count() or 1
+    sweep = ["run", *TINY, "--world-size", "2", "--impl", "ddp_core,torch", "--threads", str(cores)]
+    builtin = tmp_path / "builtin.jsonl"
+    capsys.readouterr()
+    assert main([*sweep, "--out", str(builtin)]) == 0
+    warning = f"2 ranks x {cores} threads per rank = {2 * cores} threads on {cores} cores"
+    assert warning in capsys.readouterr().err
+    out, port = tmp_path / "torchrun.jsonl", _free_port()
+    agents = _torchrun([*sweep, "--out", str(out)], tmp_path / "agent", nodes=2, node_args=lambda node: [
+        "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        # Both agents are on one host: say which one hosts the rendezvous store, or they may race.
+        "--rdzv-conf", f"is_host={int(node == 0)}", "--rdzv-id", "ddpbench-test", "--max-restarts", "0"])
+    logs = _wait_for_agents(agents, tmp_path / "agent", 240)
     assert all(a.returncode == 0 for a in agents), "\n".join(logs)
     expected, got = read_records(builtin), read_records(out)
     assert [r["config"] for r in got] == [r["config"] for r in expected]
     assert all(r["status"] == "ok" and r["correct"] and len(r["latency_s"]) == 3 for r in got)
+    both = "\n".join(logs)
+    assert both.count(warning) == 1, both  # rank 0's, for the one host both agents share
+    assert sum("records in" in log for log in logs) == 1, both  # the agent of rank 0 alone
+    assert "will be ignored" not in both, both  # torchrun's node_rank warning
+
+
+@pytest.mark.timeout(120)
+def test_a_world_size_torchrun_does_not_have_is_reported_once_in_one_line(tmp_path):
+    out = tmp_path / "torchrun.jsonl"
+    agents = _torchrun(["run", *TINY, "--world-size", "3", "--out", str(out)], tmp_path / "agent",
+                       node_args=lambda node: ["--standalone", "--nproc-per-node", "2", "--max-restarts", "0"])
+    log = _wait_for_agents(agents, tmp_path / "agent", 100)[0]
+    assert agents[0].returncode != 0, log
+    assert log.count("--world-size must be 2 under torchrun") == 1, log  # rank 0's line, not one per rank
+    assert "ddpbench run: error: --world-size must be 2 under torchrun, torchrun's world size" in log, log
+    assert "exitcode  : 2" in log, log  # the ranks' status for bad input, as torchrun reports it
+    assert "ValueError" not in log and "[rank0]: Traceback" not in log and "[rank1]: Traceback" not in log, log
+    assert not out.exists()

@@ -16,7 +16,7 @@ from experiments.core.records import append_record, read_records
 from experiments.emulate import network
 from experiments.emulate.compute import StandIn, StandInOptimizer, model_layout
 from experiments.measure.launch import run_ranks
-from experiments.measure.workloads import workload
+from experiments.measure.workloads import user_file, workload
 from experiments.perfmodel.comm import CommModel, Link, scale_model
 from experiments.perfmodel.gpus import estimated_seconds, scale_profile_record
 
@@ -57,9 +57,14 @@ def test_the_stand_in_has_exactly_the_models_parameters_and_buffers(model):
         [(n, b.shape, b.dtype) for n, b in real.named_buffers()]
 
 
-def _arrivals(rank: int, world_size: int, record: dict, impl: str, dilation: float) -> dict:
-    """On each rank: a stand-in wrapped in `impl`; when each gradient reached its parameter, in seconds
-    after backward started, over two iterations (the first allocates the gradients, the second reuses them)."""
+MEASURED = 3  # iterations looked at, after two that are not: the first allocates the gradients, and after it
+# the DDPs rebuild their buckets (CPU work in the second forward, which load stretches by up to a few 100 ms)
+
+
+def _arrivals(rank: int, world_size: int, record: dict, impl: str, dilation: float) -> list[dict]:
+    """On each rank: a stand-in wrapped in `impl`; per iteration after the first two (MEASURED of them),
+    when each gradient reached its parameter (seconds after backward started), and the forward,
+    backward and step times."""
     profile = Profile.from_record(record)
     stand_in = StandIn(model_layout(workload(record["config"]["model"]).MODELS[record["config"]["model"]]),
                        profile, dilation, torch.device("cpu"))
@@ -69,8 +74,8 @@ def _arrivals(rank: int, world_size: int, record: dict, impl: str, dilation: flo
     seen: list = []
     for index, p in enumerate(stand_in.parameters()):
         p.register_post_accumulate_grad_hook(lambda _, index=index: seen.append((index, time.perf_counter())))
-    result = {}
-    for _ in range(2):
+    results = []
+    for _ in range(2 + MEASURED):
         seen.clear()
         started = time.perf_counter()
         loss = ddp()
@@ -81,13 +86,13 @@ def _arrivals(rank: int, world_size: int, record: dict, impl: str, dilation: flo
         step_start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad()
-        result = {"order": [i for i, _ in seen], "times": [t - backward_start for _, t in seen],
-                  "forward_s": forward_s, "backward_s": backward_s, "step_s": time.perf_counter() - step_start,
-                  "grads_kept": all(p.grad is not None for p in stand_in.parameters())}
-    return result
+        results.append({"order": [i for i, _ in seen], "times": [t - backward_start for _, t in seen],
+                        "forward_s": forward_s, "backward_s": backward_s, "step_s": time.perf_counter() - step_start,
+                        "grads_kept": all(p.grad is not None for p in stand_in.parameters())})
+    return results[2:]
 
 
-def _arrivals_under_both(rank: int, world_size: int, record: dict) -> list[dict]:
+def _arrivals_under_both(rank: int, world_size: int, record: dict) -> list[list[dict]]:
     """`_arrivals` under ddp_core and PyTorch's DDP, each at time dilation 1 and 2 (one launch)."""
     return [_arrivals(rank, world_size, record, impl, dilation)
             for impl in ("ddp_core", "torch") for dilation in (1.0, 2.0)]
@@ -95,20 +100,27 @@ def _arrivals_under_both(rank: int, world_size: int, record: dict) -> list[dict]
 
 @pytest.mark.timeout(300)
 def test_gradients_arrive_in_the_profiled_order_at_the_profiled_times():
+    """Never early, in every iteration. Late by DDP's own work and by other processes taking the cores:
+    a wait that is wrong is wrong in every iteration, load only in some, so the upper bounds hold for
+    the best of the MEASURED iterations (one busy machine stretched single forwards from 20 to 76 ms)."""
     record = synthetic_profile()
     profile = Profile.from_record(record)
     expected_order = sorted(range(len(profile.ready)), key=profile.ready.__getitem__)
     for per_rank in run_ranks(_arrivals_under_both, 2, (record,)):
-        for result, dilation in zip(per_rank, (1.0, 2.0, 1.0, 2.0)):
-            assert result["order"] == expected_order
-            late = [t - profile.ready[i] * dilation for i, t in zip(result["order"], result["times"])]
-            assert min(late) > -0.001, "a gradient arrived before its profiled time"
-            assert statistics.median(late) < 0.010  # a sleep wakes late by well under a millisecond, unloaded
-            # Never shorter than the profile; longer by DDP's own work (buffer broadcast, launches) and load.
-            assert FORWARD * dilation <= result["forward_s"] < FORWARD * dilation + 0.05
-            assert result["backward_s"] >= profile.backward * dilation
-            assert STEP * dilation <= result["step_s"] < STEP * dilation + 0.05
-            assert result["grads_kept"]
+        for results, dilation in zip(per_rank, (1.0, 2.0, 1.0, 2.0)):
+            lateness = []
+            for result in results:
+                assert result["order"] == expected_order
+                late = [t - profile.ready[i] * dilation for i, t in zip(result["order"], result["times"])]
+                assert min(late) > -0.001, "a gradient arrived before its profiled time"
+                lateness.append(statistics.median(late))
+                assert result["forward_s"] >= FORWARD * dilation and result["step_s"] >= STEP * dilation
+                assert result["backward_s"] >= profile.backward * dilation
+                assert result["grads_kept"]
+            assert min(lateness) < 0.010  # a sleep wakes late by well under a millisecond, unloaded
+            # Longer than the profile by DDP's own work (buffer broadcast, launches): milliseconds.
+            assert min(r["forward_s"] for r in results) < FORWARD * dilation + 0.05
+            assert min(r["step_s"] for r in results) < STEP * dilation + 0.05
 
 
 def test_a_profile_scaled_to_a_gpu_says_so_and_keeps_the_proportions():
@@ -158,18 +170,20 @@ def test_a_4_rank_emulated_sweep_over_2_hosts_records_undilated_times(tmp_path, 
     append_record(profile, synthetic_profile("resnet-tiny", copies=1))
     out = tmp_path / "results" / "runs" / "m" / "scale_e4_two_hosts.jsonl"
     out.parent.mkdir(parents=True)
-    started = time.perf_counter()
     assert main(["run", "--model", "resnet-tiny", "--world-size", "4", "--ranks-per-host", "2", "--link", "1gbit",
                  "--compute", "emulated", "--compute-profile", str(profile), "--time-dilation", "3",
                  "--impl", "ddp_core,torch", "--iters", "3", "--warmup", "1", "--threads", "1",
                  "--out", str(out)]) == 0
-    assert time.perf_counter() - started < 60
     records = read_records(out)
     assert len(records) == 2 and all(r["status"] == "ok" and r["correct"] for r in records)
     compute = Profile.from_record(synthetic_profile("resnet-tiny"))
+    iteration = compute.forward + compute.backward + compute.optimizer
     for r in records:
         assert r["compute_source"]["file"] == str(profile)
-        assert min(r["latency_s"]) >= compute.forward + compute.backward + compute.optimizer  # never faster
+        # Never faster. (No upper bound, nor one on the sweep's wall time: beside two busy processes DDP's
+        # CPU work stretched the undilated iteration to 2.4x the profile. Waits dilated wrongly are caught by
+        # test_gradients_arrive_in_the_profiled_order_at_the_profiled_times.)
+        assert min(r["latency_s"]) >= iteration
         assert r["env"]["network"]["emulated_link"] == "1gbit"
         assert r["raw_latency_s"] == pytest.approx([t * 3 for t in r["latency_s"]])
         assert r["env"]["network"]["qdisc"].startswith("tbf rate 333333.333kbit")  # 1gbit / 3
@@ -183,3 +197,60 @@ def test_a_4_rank_emulated_sweep_over_2_hosts_records_undilated_times(tmp_path, 
     table = (tmp_path / "results" / "tables" / "scale_model.csv").read_text().splitlines()
     assert len(table) == 1 + 2 and (tmp_path / "results" / "figures" / "scale_model.png").exists()
     assert json.loads(json.dumps(records[0]["compute_source"]))["copies"] == 1
+
+
+MLP = '''
+import torch
+from torch import nn
+
+
+def build_model(hidden: int = 16):
+    return nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 4))
+
+
+def make_batch(model, batch_size, image_size, seq_len, generator):
+    return {"x": torch.randn(batch_size, 8, generator=generator), "y": torch.randn(batch_size, 4, generator=generator)}
+
+
+def loss(model, batch):
+    return nn.functional.mse_loss(model(batch["x"]), batch["y"])
+'''
+
+
+def test_a_user_models_training_flops_are_its_matrix_products_counted_by_hand(tmp_path):
+    from experiments.perfmodel.flops import training_flops
+
+    path = tmp_path / "mlp.py"
+    path.write_text(MLP)
+    # 2 FLOPs per multiply-add. Forward: x (B x 8) @ W1 (8 x 16), h (B x 16) @ W2 (16 x 4). Backward: each
+    # weight's gradient (as many multiply-adds as its forward), and the gradient of h (B x 4 @ 4 x 16); not
+    # that of x, which needs none. Bias gradients are sums, which FlopCounterMode does not count.
+    batch = 3
+    by_hand = 2 * batch * (8 * 16 + 16 * 4) * 2 + 2 * batch * 4 * 16
+    assert training_flops(str(path), "", batch, 64, 32) == by_hand == 2688
+    assert training_flops(str(path), "hidden=32", batch, 64, 32) == 2 * batch * (8 * 32 + 32 * 4) * 2 + 2 * batch * 4 * 32
+
+    # scale-profile: the user's model at the asked batch, through the command line
+    record = synthetic_profile()
+    record["config"].update(model=str(path), model_config="", model_hash=user_file.file_hash(path))
+    profiles, out = tmp_path / "profile.jsonl", tmp_path / "v100.jsonl"
+    append_record(profiles, record)
+    assert main(["scale-profile", "--profile", str(profiles), "--model", str(path), "--gpu", "v100",
+                 "--batch-size", "6", "--out", str(out)]) == 0
+    scaled = read_records(out)[0]["scaled_to"]
+    assert scaled["training_flops"] == 2 * by_hand and scaled["inputs"]["batch_size"] == 6
+    assert Profile.from_record(read_records(out)[0]).compute - scaled["compute_s"] == pytest.approx(0, abs=1e-12)
+    path.write_text(MLP.replace("hidden: int = 16", "hidden: int = 17"))  # not the file that was profiled
+    assert main(["scale-profile", "--profile", str(profiles), "--model", str(path), "--gpu", "v100",
+                 "--out", str(tmp_path / "other.jsonl")]) == 2
+
+
+def test_the_built_in_models_flops_are_counted_too_at_the_papers_inputs():
+    from experiments.perfmodel.flops import training_flops
+
+    resnet = training_flops("resnet50", "", 32, 224, 32)
+    # ResNet50 is 4.1 G multiply-adds forward per 224x224 image (8.2 GFLOPs); backward about twice that.
+    assert resnet == pytest.approx(3 * 2 * 4.1e9 * 32, rel=0.02)
+    assert estimated_seconds("resnet50", "v100") == pytest.approx(resnet / (0.4 * 15.7e12))
+    # BERT-base: about 6 FLOPs per parameter and token (2 forward, 4 backward), attention on top.
+    assert training_flops("bert-base", "", 16, 64, 128) == pytest.approx(6 * 110e6 * 16 * 128, rel=0.05)

@@ -106,6 +106,16 @@ def host_id() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12]
 
 
+@functools.lru_cache(maxsize=1)
+def host_key() -> str:
+    """Which host this process runs on, to tell the ranks of one host (sharing its cores) from others':
+    its name and id together (cloned machines may share an id, containers of one host a name)."""
+    return f"{socket.gethostname()}/{host_id()}"
+
+
+QUIET_CORES = 0.2  # cores other processes may keep busy before a measurement is called not quiet (run, ab)
+
+
 def fingerprint() -> dict:
     """What makes two machines measure alike or not: CPU model, cores, memory, GPU model and count, and
     the host they are (two hosts of the same kind still differ: other tenants, other cooling)."""

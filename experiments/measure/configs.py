@@ -91,6 +91,26 @@ def check_memory(config: RunConfig, parameters: int | None) -> None:
                           "layers) or lower --world-size")
 
 
+class SameOnEveryRank(ConfigError):
+    """A bad input every rank of a torchrun job finds alike (it comes from the command line and
+    torchrun's own settings): rank 0 alone reports it, so that the job says it once."""
+
+
+def check_torchrun_job(jobs: list) -> None:
+    """Under torchrun, refuse before any process group starts a grid that cannot run as one job: every
+    config must have torchrun's world size (WORLD_SIZE) and all must share one backend."""
+    if not under_torchrun():
+        return
+    world_size = int(os.environ["WORLD_SIZE"])
+    mismatched = sorted({job.world_size for job in jobs if job.world_size != world_size})
+    if mismatched:
+        raise SameOnEveryRank(f"--world-size must be {world_size} under torchrun, torchrun's world size "
+                              f"(nodes x processes per node); got {','.join(map(str, mismatched))}")
+    backends = sorted({job.backend for job in jobs})
+    if len(backends) > 1:
+        raise SameOnEveryRank(f"--backend={','.join(backends)}: one backend per torchrun job; run one job per backend")
+
+
 def check_network_available(jobs: list) -> None:
     """Refuse, before any process starts, jobs with a link where this machine cannot emulate one."""
     links = sorted({job.link for job in jobs if job.link != "none"})

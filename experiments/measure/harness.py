@@ -24,9 +24,10 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import ddp_core
 from experiments.core.config import RunConfig
-from experiments.core.machine import busy_cpu_seconds
+from experiments.core.machine import busy_cpu_seconds, host_key
 from experiments.core.profile import load_compute_profile
 from experiments.emulate import compute as emulated
+from experiments.measure import progress
 from experiments.measure.amp import FULL, Precision
 from experiments.measure.workloads.base import Workload, model_size
 from experiments.measure.workloads.spec import load as load_workload
@@ -285,7 +286,7 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
         if observer is not None:
             observer.buckets = {}
         if measured == 0:
-            cpu_start = busy_cpu_seconds()
+            cpu_start, own_start, measuring_start = busy_cpu_seconds(), time.process_time(), time.perf_counter()
         wall_start = time.perf_counter()
         clock.start()
         try:
@@ -303,7 +304,9 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
             awaiting_stats = None
         if measured < 0:
             warmup_s += marks["optimizer"]
+            progress.report("warm-up", i + 1, config.warmup)
             continue
+        progress.report("measured", measured + 1, config.iters)
         computed = marks.get("backward_computed", marks["backward"]) if sync else marks["backward"]
         phases = {
             "forward": marks["forward"],
@@ -322,9 +325,14 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
                                     for k, v in sorted(observer.buckets.items())}}
     if device.type == "cuda":
         torch.cuda.synchronize()
-    cpu_end = busy_cpu_seconds()
+    cpu_end, own_end, measuring_s = busy_cpu_seconds(), time.process_time(), time.perf_counter() - measuring_start
     cores_busy = None if None in (cpu_start, cpu_end) else (cpu_end - cpu_start) / sum(i["latency"] for i in iterations)
+    # What this rank's process (all its threads) used meanwhile, and the machine: the sweep subtracts the
+    # ranks of this host from the machine's busy time to find what other processes kept busy.
+    load = {"host": host_key(), "own_cpu_s": own_end - own_start, "measuring_s": measuring_s,
+            "machine_busy_s": None if None in (cpu_start, cpu_end) else cpu_end - cpu_start}
     return {"rank": rank, "setup_s": setup_s, "warmup_s": warmup_s, "iterations": iterations, "cores_busy": cores_busy,
+            "load": load,
             "compute": t.compute,
             # peak resident memory of this rank's process so far (a pool's ranks run config after config)
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from experiments.emulate import network
+from experiments.measure import progress
 
 LOOPBACK = "127.0.0.1"
 
@@ -96,20 +97,22 @@ class RankPool:
         if self.cluster is not None:
             self.cluster.close()
 
-    def run(self, fn: Callable[..., Any], args: tuple = (), timeout: float = 120.0) -> list[Any]:
-        """Run `fn` on every rank; return the results by rank, or raise RankFailed / RanksTimedOut."""
+    def run(self, fn: Callable[..., Any], args: tuple = (), timeout: float = 120.0,
+            on_progress: Callable[[str, int, int], None] | None = None) -> list[Any]:
+        """Run `fn` on every rank; return the results by rank, or raise RankFailed / RanksTimedOut.
+        `on_progress(phase, done, total)` hears what rank 0's task reports (experiments.measure.progress)."""
         if self.closed:
             raise RuntimeError("this RankPool is closed; start a new one")
         task_id = next(self._task_ids)
         for q in self._tasks:
-            q.put((task_id, fn, args))
+            q.put((task_id, fn, args, on_progress is not None))
         try:
-            return self._collect(task_id, timeout)
+            return self._collect(task_id, timeout, on_progress)
         except BaseException:
             self.close(graceful=False)  # includes Ctrl-C: never leave ranks behind
             raise
 
-    def _collect(self, task_id: int, timeout: float) -> list[Any]:
+    def _collect(self, task_id: int, timeout: float, on_progress=None) -> list[Any]:
         results: dict[int, Any] = {}
         deadline = time.monotonic() + timeout
         while len(results) < self.world_size:
@@ -127,6 +130,10 @@ class RankPool:
                 continue
             if tid not in (task_id, -1):  # -1: the rank failed while starting up
                 continue  # a late answer to an earlier task
+            if status == "progress":
+                if on_progress is not None:
+                    on_progress(*payload)
+                continue
             if status == "error":
                 raise RankFailed(f"rank {rank} of {self.world_size} raised:\n{payload}")
             results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
@@ -221,7 +228,10 @@ def _worker_main(rank, world_size, backend, host, port, timeout, threads, tasks,
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
         while (task := tasks.get()) is not None:
-            task_id, fn, args = task
+            task_id, fn, args, wants_progress = task
+            # Rank 0 speaks for all (they run in step); progress goes to the parent only where it is shown.
+            progress.listen((lambda *info, task_id=task_id: results.put((task_id, "progress", rank, info)))
+                            if wants_progress and rank == 0 else None)
             result = fn(rank, world_size, *args)
             buffer = io.BytesIO()
             torch.save(result, buffer)

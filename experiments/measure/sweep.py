@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
 from experiments.core.config import RunConfig
-from experiments.core.machine import environment, under_torchrun
+from experiments.core.machine import QUIET_CORES, environment, host_key, under_torchrun
 from experiments.core.records import (
     LATER_FIELDS,
     RUN_PHASES,
@@ -34,6 +35,7 @@ from experiments.core.records import (
 )
 from experiments.core.stats import slowest_rank_per_cycle, summarize
 from experiments.emulate import network
+from experiments.measure import progress
 from experiments.measure.harness import measure
 from experiments.measure.launch import RankFailed, RankPool, RanksTimedOut
 
@@ -72,6 +74,7 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
         # and how many of the machine's cores were busy meanwhile (an emulation is faithful only with idle ones).
         "timing": {"setup_s": max(r["setup_s"] for r in per_rank), "warmup_s": max(r["warmup_s"] for r in per_rank),
                    "measured_s": sum(raw), "config_wall_s": wall_s, "cores_busy": per_rank[0].get("cores_busy"),
+                   "other_cores_busy": other_cores_busy(per_rank),
                    "max_rss_mb": max(r.get("max_rss_mb", 0) for r in per_rank)},
     }
     if k != 1:
@@ -79,6 +82,28 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
     if per_rank[0].get("compute") is not None:
         record["compute_source"] = per_rank[0]["compute"]  # which profile the stand-in replayed
     return record
+
+
+def other_cores_busy(per_rank: list[dict]) -> float | None:
+    """The cores that processes other than the ranks kept busy on average during the measured iterations,
+    on rank 0's host: the machine's busy time less what that host's ranks used. None where unknown."""
+    loads = [r.get("load") for r in per_rank]
+    if None in loads or loads[0]["machine_busy_s"] is None or loads[0]["measuring_s"] <= 0:
+        return None
+    ours = sum(load["own_cpu_s"] for load in loads if load["host"] == loads[0]["host"])
+    return max(0.0, loads[0]["machine_busy_s"] - ours) / loads[0]["measuring_s"]
+
+
+def busy_warning(record: dict) -> str | None:
+    """A warning where other processes kept more than QUIET_CORES cores busy while `record` was measured
+    (its latencies then include waiting for them), as `ab` warns; None otherwise."""
+    other = (record.get("timing") or {}).get("other_cores_busy")
+    if other is None or other <= QUIET_CORES:
+        return None
+    cores = (record.get("env") or {}).get("cpu_count") or os.cpu_count()
+    return (f"ddpbench: warning: other processes kept {other:.1f} of {cores} cores busy while this config was "
+            "measured; its latencies may include waiting for them (measure it again on a quiet machine: --resume "
+            "skips only configs already recorded, so remove its record or use another --out)")
 
 
 # Fields a summary line leaves out unless they vary within the sweep: they rarely tell configs apart.
@@ -94,13 +119,19 @@ def varying_fields(jobs: list) -> set[str]:
     return {k for k, v in values.items() if len(v) > 1}
 
 
+def config_text(config: dict, varying: set[str] = frozenset()) -> str:
+    """What a config is, as `key=value` words: QUIET_FIELDS only where in `varying`, and fields at the
+    value records made before they existed imply left out."""
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in config.items()
+                    if (k not in QUIET_FIELDS or k in varying) and LATER_FIELDS.get(k, ...) != v)
+
+
 def summary_line(record: dict, varying: set[str] = frozenset()) -> str:
     """One line per finished job: what it was, and its p50 latency (and throughput where it has one).
 
     Fields in QUIET_FIELDS are shown only where they are in `varying` (they differ within the sweep).
     """
-    what = " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in record["config"].items()
-                    if (k not in QUIET_FIELDS or k in varying) and LATER_FIELDS.get(k, ...) != v)
+    what = config_text(record["config"], varying)
     if record["status"] != "ok":
         return f"FAILED {what}: {record['error'].strip().splitlines()[-1]}"
     s = record["summary"]
@@ -108,6 +139,31 @@ def summary_line(record: dict, varying: set[str] = frozenset()) -> str:
     extra += f", busbw {s['busbw_GBps']:.2f} GB/s" if "busbw_GBps" in s else ""
     check = "" if record.get("correct", True) else "  WRONG"
     return f"{what}: p50 {s['p50'] * 1e3:.2f} ms{extra}{check}"
+
+
+class IterationBar:
+    """A bar of one config's iterations (warm-up, then measured), moved by rank 0's reports
+    (experiments.measure.progress): drawn from the first report on, only where `shown`, and cleared
+    when closed."""
+
+    def __init__(self, shown: bool, position: int = 0):
+        self.shown, self.position, self.bar = shown, position, None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.shown:
+            return
+        if self.bar is None:
+            self.bar = tqdm(total=total, desc=phase, unit="it", dynamic_ncols=True, leave=False,
+                            position=self.position)
+        elif self.bar.total != total or self.bar.desc != phase or done < self.bar.n:  # a new phase or config
+            self.bar.set_description_str(phase, refresh=False)
+            self.bar.reset(total=total)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        """Remove the bar from the terminal."""
+        if self.bar is not None:
+            self.bar.close()
 
 
 def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, kind: str, resume: bool = False,
@@ -127,8 +183,14 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
     warn_oversubscribed(todo)
     env = environment(threads=todo[0].threads if todo else None)
     varying = varying_fields(jobs)
-    bar = tqdm(total=len(todo), unit="config", disable=not sys.stderr.isatty(), dynamic_ncols=True)
+    shown = progress.shown()
+    bar = tqdm(total=len(todo), unit="config", disable=not shown, dynamic_ncols=True)
+    iterations = IterationBar(shown, position=1)  # below the configs' bar
     say = echo if bar.disable else bar.write
+
+    def warn(line: str) -> None:
+        print(line, file=sys.stderr) if bar.disable else bar.write(line, file=sys.stderr)
+
     try:
         for (backend, _device, world_size, threads, link, ranks_per_host, dilation), group in itertools.groupby(
             todo, key=lambda job: (job.backend, job.device, job.world_size, job.threads, job.link, job.ranks_per_host,
@@ -143,7 +205,8 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
                     started = time.perf_counter()
                     per_rank = None
                     try:
-                        per_rank = pool.run(measure_fn, (dataclasses.asdict(job),), timeout=timeout)
+                        per_rank = pool.run(measure_fn, (dataclasses.asdict(job),), timeout=timeout,
+                                            on_progress=iterations if shown else None)
                         record = to_record(job, per_rank, time.perf_counter() - started)
                     except (RankFailed, RanksTimedOut) as error:
                         record = {"kind": kind, "status": "failed", "error": f"{type(error).__name__}: {error}",
@@ -161,10 +224,13 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
                     bar.update()
                     # N/M on every line: the only progress shown where stderr is not a terminal (CI, a log)
                     say(f"[{counts['ok'] + counts['failed']}/{len(todo)}] {summary_line(record, varying)}")
+                    if (busy := busy_warning(record)) is not None:
+                        warn(busy)
             finally:
                 if pool is not None:
                     pool.close(graceful=sys.exc_info()[0] is None)
     finally:
+        iterations.close()
         bar.close()
     return counts
 
@@ -194,21 +260,37 @@ def warn_already_recorded(jobs: list, out: Path) -> None:
               "measured again and appended as new records (add --resume to skip them)", file=sys.stderr)
 
 
-def warn_oversubscribed(jobs: list, cores: int | None = None) -> list[str]:
-    """Warn (and return the warnings) where threads per rank x ranks on this host exceed its cores."""
+def warn_oversubscribed(jobs: list, cores: int | None = None, ranks_here: int | None = None,
+                        under_torchrun: bool = False) -> list[str]:
+    """Warn (and return the warnings) where threads per rank x ranks on one host exceed its cores.
+
+    `ranks_here`: the ranks that share this host's `cores` (default: each job's world size, as the
+    built-in launcher starts them all here; under torchrun, its LOCAL_WORLD_SIZE)."""
     cores = cores or os.cpu_count() or 1
-    # Under torchrun only this host's ranks share its cores.
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    ranks_here = ranks_here or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None
     warnings = []
     computing = [job for job in jobs if getattr(job, "compute", "real") == "real"]  # emulated compute only waits
-    for threads, ranks in sorted({(job.threads, local or job.world_size) for job in computing}):
+    advice = "lower --threads, or start fewer ranks per host" if under_torchrun else "lower --threads or --world-size"
+    for threads, ranks in sorted({(job.threads, ranks_here or job.world_size) for job in computing}):
         if threads * ranks > cores:
             warnings.append(f"ddpbench: warning: {ranks} ranks x {threads} threads per rank = {threads * ranks} "
                             f"threads on {cores} cores: ranks wait for a core, and the latency measured includes "
-                            "that wait (lower --threads or --world-size)")
+                            f"that wait ({advice})")
     for warning in warnings:
         print(warning, file=sys.stderr)
     return warnings
+
+
+def hosts_of_ranks() -> dict[str, dict]:
+    """Under torchrun: every host of the job, as {host: {"ranks", "cores"}}, from every rank's answer
+    (a collective: every rank calls it). torchrun's LOCAL_WORLD_SIZE counts one agent's ranks only;
+    two agents on one host share its cores all the same."""
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (host_key(), os.cpu_count() or 1))
+    hosts: dict[str, dict] = {}
+    for host, cores in everyone:
+        hosts.setdefault(host, {"ranks": 0, "cores": cores})["ranks"] += 1
+    return hosts
 
 
 def run_sweep(configs: list[RunConfig], out: Path, resume: bool = False, timeout: float = 600.0,
@@ -247,14 +329,22 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
     counts = {"ok": 0, "failed": 0, "skipped": 0}
     env = environment(threads=configs[0].threads if configs else None) if rank == 0 else {}
     varying = varying_fields(configs)
+    hosts = hosts_of_ranks()
     if rank == 0:
-        warn_oversubscribed(configs)
+        # The built-in launcher's warning, once for each kind of host it applies to.
+        for ranks_here, cores in sorted({(host["ranks"], host["cores"]) for host in hosts.values()}):
+            warn_oversubscribed(configs, cores=cores, ranks_here=ranks_here, under_torchrun=True)
         if not resume:
             warn_already_recorded(configs, out)
+    shown = rank == 0 and progress.shown()
+    iterations = IterationBar(shown)
+    progress.listen(iterations if shown else None)
     for config in configs:
         if config_key(dataclasses.asdict(config)) in shared[0]:
             counts["skipped"] += 1
             continue
+        # As the built-in launcher's ranks do: a config's threads, not torch's default (every core).
+        torch.set_num_threads(config.threads)
         started = time.perf_counter()
         local = measure(rank, world_size, dataclasses.asdict(config))
         gathered: list = [None] * world_size
@@ -264,8 +354,13 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
             record_or_exit(out, record, "run")
             if trace_dir is not None:
                 write_trace(trace_dir, config, gathered)
-            echo(f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}] {summary_line(record, varying)}")
+            line = f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}] {summary_line(record, varying)}"
+            echo(line) if not shown else tqdm.write(line)  # (tqdm.write: above the bar, which it redraws)
+            if (busy := busy_warning(record)) is not None:
+                tqdm.write(busy, file=sys.stderr)
         counts["ok"] += 1
+    progress.listen(None)
+    iterations.close()
     if owned:
         # Every rank leaves together, then the group is torn down: a rank whose process exits while
         # another still talks to it (rank 0 writing the last record) can make Gloo abort at exit.

@@ -32,7 +32,7 @@ from experiments.core.records import read_records
 from experiments.measure.configs import expand_grid
 from experiments.perfmodel.comm import CLUSTERS
 from experiments.perfmodel.devices import device_warnings
-from experiments.perfmodel.gpus import PEAK_FP32_FLOPS, TRAINING_FLOPS, scale_profile_record
+from experiments.perfmodel.gpus import PAPER_INPUTS, PEAK_FP32_FLOPS, estimate_inputs, scale_profile_record
 from experiments.perfmodel.predict import (
     DEFAULT_CAPS,
     TOLERANCE,
@@ -314,8 +314,15 @@ def trace_summary(trace, comm, plans: list[Schedule], recommended: float | None)
 def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
     """`ddpbench scale-profile`: a profile of this machine scaled to a GPU's estimated compute time."""
     parser.add_argument("--profile", type=Path, required=True, help="profile records (file or folder)")
-    parser.add_argument("--model", required=True, help=f"comma-separated, of {', '.join(TRAINING_FLOPS)}")
+    parser.add_argument("--model", required=True,
+                        help="comma-separated --model names of `run` (built-in, torchvision:, transformers:, a file), "
+                             "each with a profile in --profile; its training FLOPs are counted at the inputs below")
     parser.add_argument("--gpu", required=True, help=f"one of {', '.join(PEAK_FP32_FLOPS)}")
+    papers = "; ".join(f"{m} {', '.join(f'{k}={v}' for k, v in i.items())}" for m, i in PAPER_INPUTS.items())
+    for name in ("batch_size", "image_size", "seq_len"):
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N",
+                            help=f"the {name.replace('_', ' ')} the GPU estimate is for (default: the paper's for "
+                                 f"its models - {papers} - else the profile's)")
     parser.add_argument("--colocated", type=int, default=1, help="scale the profile measured as this many copies")
     parser.add_argument("--out", type=Path, required=True, help="record file the scaled profiles are appended to")
     parser.add_argument("--resume", action="store_true", help="skip models already scaled to --gpu in --out")
@@ -333,10 +340,12 @@ def scale_main(args: argparse.Namespace) -> int:
         records = read_records(args.profile)
         done = {(r["config"]["model"], r["scaled_to"]["gpu"]) for r in read_records(args.out) if "scaled_to" in r} \
             if args.resume and args.out.exists() else set()
+        for name in ("batch_size", "image_size", "seq_len"):
+            if getattr(args, name) is not None:
+                check_positive(name.replace("_", "-"), getattr(args, name))
+        asked = {name: getattr(args, name) for name in ("batch_size", "image_size", "seq_len")}
         scaled = []
         for model in parse_list("model", args.model):
-            if model not in TRAINING_FLOPS:
-                raise ConfigError(f"--model={model!r} has no FLOPs estimate; choose from {', '.join(TRAINING_FLOPS)}")
             if (model, args.gpu) in done:
                 continue
             mine = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok" and "scaled_to" not in r
@@ -344,7 +353,7 @@ def scale_main(args: argparse.Namespace) -> int:
             if not mine:
                 raise ConfigError(f"--profile={str(args.profile)!r} holds no measured profile of --model={model!r} "
                                   f"as --colocated={args.colocated} copies (make one with `ddpbench profile`)")
-            scaled.append(scale_profile_record(mine[-1], args.gpu))
+            scaled.append(scale_profile_record(mine[-1], args.gpu, estimate_inputs(mine[-1]["config"], **asked)))
     except FileNotFoundError as error:
         print(f"ddpbench scale-profile: error: --profile: {error}", file=sys.stderr)
         return 2
@@ -355,7 +364,7 @@ def scale_main(args: argparse.Namespace) -> int:
     for record in scaled:
         append_record(args.out, record)
         s = record["scaled_to"]
-        print(f"{record['config']['model']}: {s['compute_s'] * 1e3:.1f} ms of compute per iteration on {s['device']} "
+        print(f"{record['config']['model']}: {s['compute_s'] * 1e3:.3g} ms of compute per iteration on {s['device']} "
               f"(x{s['factor']:.3g} the measured profile; {s['basis']}) -> {args.out}")
     return 0
 

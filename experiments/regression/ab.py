@@ -25,7 +25,7 @@ from pathlib import Path
 
 from experiments.core.config import ConfigError, to_argv
 from experiments.core.git import add_worktree, git, prune_worktrees, remove_worktree, resolve_commit
-from experiments.core.machine import cpu_seconds, other_cores_busy
+from experiments.core.machine import QUIET_CORES, cpu_seconds, other_cores_busy
 from experiments.core.records import RecordError, SchemaError, append_record, config_key, read_records
 from experiments.emulate import network
 from experiments.regression import interleaved
@@ -63,7 +63,7 @@ PRESETS = {
 # The default threshold per mode: an interleaved A/B's interval is narrow enough (about +-3% at 99%)
 # that a 5% slowdown clears a 3% threshold; rounds in fresh processes are far noisier.
 THRESHOLDS = {"iterations": 0.03, "processes": 0.05}
-QUIET = 0.2  # cores other processes may keep busy before ab calls the machine not quiet
+QUIET = QUIET_CORES  # cores other processes may keep busy before ab calls the machine not quiet
 # A run on a busy machine is measured again this many times at most: in the drill's truth runs, runs
 # during which other processes kept 0.4-0.8 cores busy were the outliers of the per-round ratios.
 QUIET_RETRIES = 2

@@ -1,0 +1,109 @@
+"""`run --dry-run`: the grid's configs, one line each, with the time each would take where this machine's
+records allow an estimate; nothing is measured and no process starts.
+
+An estimate comes only from records of this machine (their `env.machine_id`): another machine's times
+say nothing of this one's. A record of the same config gives its wall time; one that differs only in
+iterations (`iters`, `warmup`) or in fields that do not change the work (`seed`, `reps`) gives its
+build time, plus its warm-up and measured times scaled to the asked iterations, plus its overhead.
+The median over such records is shown. The first config of each set of ranks also pays for their
+start-up (a few seconds), as its records did where it was first too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+from pathlib import Path
+
+from experiments.core.machine import this_machine
+from experiments.core.records import SchemaError, config_key, read_records, recorded_keys
+from experiments.measure.sweep import config_text, varying_fields
+
+# Fields that change how long a config runs in proportion (iterations), or not at all.
+SCALED = ("iters", "warmup")
+IGNORED = ("seed", "reps")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def machine_runs_folder() -> Path:
+    """Where this machine's records are filed: $DDPBENCH_RESULTS (default results/)/runs/<machine>/."""
+    return Path(os.environ.get("DDPBENCH_RESULTS", ROOT / "results")) / "runs" / this_machine()["name"]
+
+
+def this_machines_records(paths: list[Path]) -> list[dict]:
+    """The successful run records with timings among `paths` (files or folders) that this machine made;
+    unreadable files are passed over (a plan must not fail on them)."""
+    mine = this_machine()["id"]
+    found = []
+    for path in paths:
+        if not path.exists():
+            continue
+        try:
+            records = read_records(path)
+        except (SchemaError, OSError, ValueError):
+            continue
+        found += [r for r in records if r.get("kind") == "run" and r.get("status") == "ok"
+                  and (r.get("env") or {}).get("machine_id") == mine and isinstance(r.get("timing"), dict)
+                  and isinstance(r.get("config"), dict)]
+    return found
+
+
+def _shape(config: dict) -> str:
+    """The key of a config with the iteration and unimportant fields left out."""
+    return config_key({k: v for k, v in config.items() if k not in SCALED + IGNORED})
+
+
+def estimate(config: dict, records: list[dict]) -> tuple[float, int] | None:
+    """Estimated wall seconds of `config` and how many records it rests on; None without a like record."""
+    shape, seconds = _shape(config), []
+    for record in records:
+        done = record["config"]
+        if _shape(done) != shape:
+            continue
+        t = record["timing"]
+        try:
+            wall, setup, warmup, measured = t["config_wall_s"], t["setup_s"], t["warmup_s"], t["measured_s"]
+        except KeyError:
+            continue
+        if done.get("iters", 0) <= 0:
+            continue
+        overhead = max(0.0, wall - setup - warmup - measured)  # gathering, recording, the ranks' start-up
+        warm = warmup * config["warmup"] / done["warmup"] if done.get("warmup") else 0.0
+        seconds.append(setup + warm + measured * config["iters"] / done["iters"] + overhead)
+    return (statistics.median(seconds), len(seconds)) if seconds else None
+
+
+def duration(seconds: float) -> str:
+    """`seconds` as a person reads it: 4.2 s, 3.5 min, 1.2 h."""
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def plan(configs: list, out: Path, resume: bool) -> list[str]:
+    """The lines of `run --dry-run`: one per config, with its estimate or why there is none, then a
+    total. Records are read from `out` and this machine's folder."""
+    varying = varying_fields(configs)
+    records = this_machines_records([out, machine_runs_folder()])
+    done = recorded_keys(out) if resume and out.exists() else set()
+    lines, total, estimated, skipped = [], 0.0, 0, 0
+    for number, config in enumerate(configs, 1):
+        fields = dataclasses.asdict(config)
+        head = f"[{number}/{len(configs)}] {config_text(fields, varying)}"
+        if config_key(fields) in done:
+            lines.append(f"{head}: skipped (already recorded in {out}; --resume)")
+            skipped += 1
+            continue
+        guess = estimate(fields, records)
+        if guess is None:
+            lines.append(f"{head}: no estimate (no record of a like config from this machine)")
+            continue
+        seconds, count = guess
+        total += seconds
+        estimated += 1
+        lines.append(f"{head}: about {duration(seconds)} (from {count} record{'s' * (count != 1)} of this machine)")
+    todo = len(configs) - skipped
+    lines.append(f"ddpbench run --dry-run: {todo} config(s) to measure, {skipped} skipped; about {duration(total)} "
+                 f"for the {estimated} with an estimate" + (f", {todo - estimated} without" if todo > estimated else "")
+                 + f" (machine {this_machine()['name']}); nothing was run")
+    return lines
