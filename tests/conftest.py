@@ -29,7 +29,12 @@ def _signal_handlers_restored():
     """The CLI's main() installs a SIGTERM handler and, once interrupted, ignores SIGINT for its exit: a
     test that calls it in-process must not leave the tests after it (some interrupt their own process,
     as Ctrl-C does) with Ctrl-C ignored."""
-    saved = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    held = {signal.SIGINT, signal.SIGTERM}
+    saved = {number: signal.getsignal(number) for number in held}
+    # (and the main thread's signal mask: a clean-up that holds these signals blocks them there, and a
+    # test that interrupts its own process would otherwise wait for a signal that never arrives)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
     yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask - held)
     for number, handler in saved.items():
         signal.signal(number, handler)

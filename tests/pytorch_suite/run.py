@@ -27,10 +27,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 EXPECTED = HERE / "expected.json"
 CLASS = "TestPyTorchDDPSuite"
-# A test of PyTorch's distributed test base is a DDP test if it, or a helper it calls, names DDP (the
-# base also tests collectives, RPC, ...), or if its name says so.
-DDP_MENTION = re.compile(r"DistributedDataParallel|\bDDP\b|ddp_")
-DDP_NAME = re.compile(r"ddp|DistributedDataParallel|join|comm_hook|static_graph|SyncBatchNorm|sync_bn", re.IGNORECASE)
+# A test of PyTorch's distributed test base is a DDP test if it, or a helper it calls, builds a
+# DistributedDataParallel (the base also tests collectives, RPC, SyncBatchNorm's conversion, ...).
+DDP_MENTION = re.compile(r"DistributedDataParallel")
 
 
 def ddp_test_names() -> list[str]:
@@ -50,7 +49,7 @@ def ddp_test_names() -> list[str]:
             for callee in re.findall(r"self\.(_\w+)\(", body))
 
     return [name for name in methods
-            if name.startswith("test_") and (DDP_NAME.search(name) or mentions_ddp(name, set()))]
+            if name.startswith("test_") and mentions_ddp(name, set())]
 
 
 def run_tests(implementation: str, names: list[str], timeout_s: float) -> dict[str, dict]:
