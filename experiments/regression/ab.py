@@ -99,7 +99,12 @@ def run_child(command: list[str], **popen) -> subprocess.CompletedProcess:
     and a `ddpbench run` killed so leaves its network namespaces behind)."""
     with subprocess.Popen(command, **popen) as child:
         try:
-            out, err = child.communicate()
+            while True:
+                try:  # in short waits: a Ctrl-C is acted on within a second, whatever the read in progress
+                    out, err = child.communicate(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         except BaseException:
             with network.signals_held():  # more Ctrl-C must not cut the wait short
                 stop_child(child)
