@@ -24,17 +24,23 @@ if "DDPBENCH_MACHINE_FILE" not in os.environ:
     atexit.register(shutil.rmtree, _machines, ignore_errors=True)
 
 
+# The handlers the session started with: a module-scoped fixture that changes them (one that runs
+# ranks or the CLI in-process) runs before a test's own fixtures, so each test starts from these.
+_HELD = {signal.SIGINT, signal.SIGTERM}
+_SESSION_HANDLERS = {number: signal.getsignal(number) for number in _HELD}
+
+
 @pytest.fixture(autouse=True)
 def _signal_handlers_restored():
     """The CLI's main() installs a SIGTERM handler and, once interrupted, ignores SIGINT for its exit: a
     test that calls it in-process must not leave the tests after it (some interrupt their own process,
-    as Ctrl-C does) with Ctrl-C ignored."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    saved = {number: signal.getsignal(number) for number in held}
-    # (and the main thread's signal mask: a clean-up that holds these signals blocks them there, and a
-    # test that interrupts its own process would otherwise wait for a signal that never arrives)
-    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+    as Ctrl-C does) with Ctrl-C ignored. Each test starts with the session's handlers and with the
+    signals unblocked (a clean-up that holds them blocks them in the main thread)."""
+    def reset():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+        for number, handler in _SESSION_HANDLERS.items():
+            signal.signal(number, handler)
+
+    reset()
     yield
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask - held)
-    for number, handler in saved.items():
-        signal.signal(number, handler)
+    reset()

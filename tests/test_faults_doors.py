@@ -190,6 +190,7 @@ def test_an_interrupted_round_stops_its_child_with_sigterm_and_waits(tmp_path, m
     marks = tmp_path / "marks"
     marks.mkdir()
     monkeypatch.setenv("DDPBENCH_STUB_MARKS", str(marks))
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises here, whatever ran before
     main_thread = threading.main_thread().ident
 
     def ctrl_c_once_started():
