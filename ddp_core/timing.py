@@ -136,5 +136,5 @@ def logging_data(reducer, ddp) -> dict:
         "iteration": reducer.times.published_iteration,
         **reducer.times.figures(),
         **_environment(backend, reducer.groups[0]),
-        **({"has_error": 1, "error": ddp.logged_error} if getattr(ddp, "logged_error", None) else {}),
+        **({"has_error": 1, "error": ddp.logged_error} if ddp.logged_error else {}),
     }

@@ -311,8 +311,8 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
         phases = {
             "forward": marks["forward"],
             "backward": computed - marks["forward"],
-            # Not separable inside PyTorch's C++ reducer: its wait is part of "backward" there.
-            # (PyTorch's DDP: filled from its logging data one iteration later, fill_exposed_comm_from_torch)
+            # PyTorch's DDP: its C++ reducer's wait is split out of "backward" one synchronised iteration
+            # later, from its logging data (fill_exposed_comm_from_torch)
             "exposed_comm": marks["backward"] - computed if observer is not None else (None if sync else 0.0),
             "optimizer": marks["optimizer"] - marks["backward"],
         }

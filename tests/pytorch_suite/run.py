@@ -78,8 +78,8 @@ def _parse_junit(path: Path) -> dict[str, dict]:
             element = case.find(tag)
             if element is not None:
                 outcome = "skipped" if tag == "skipped" else "failed"
-                message = (element.get("message") or element.text or "").strip().splitlines()[0][:300] \
-                    if (element.get("message") or element.text) else ""
+                text = (element.get("message") or element.text or "").strip()
+                message = text.splitlines()[0][:300] if text else ""
                 break
         results[case.get("name")] = {"outcome": outcome, "message": message, "seconds": float(case.get("time", 0))}
     return results
