@@ -15,7 +15,6 @@ tabulates no variant whose DDP did not run with its options.
 from __future__ import annotations
 
 import random
-import resource
 import time
 
 from experiments.core.config import RunConfig
@@ -50,7 +49,7 @@ def measure_block(rank: int, world_size: int, variants: dict[str, dict], session
 
     from experiments.measure import harness
 
-    cpu_start = _cpu_seconds()
+    cpu_start = time.process_time()
     configs = {name: RunConfig(**fields) for name, fields in variants.items()}
     names = list(configs)
     rounds = configs[names[0]].iters
@@ -82,14 +81,10 @@ def measure_block(rank: int, world_size: int, variants: dict[str, dict], session
     # An iteration takes as long as its slowest rank: gather every variant's times in one go.
     slowest = harness.slowest_per_iteration([s for name in names for s in local[name]])
     setup = [None] * dist.get_world_size()
-    dist.all_gather_object(setup, {"warmup_s": warmup_s, "build_s": build_s, "cpu_s": _cpu_seconds() - cpu_start})
+    dist.all_gather_object(setup, {"warmup_s": warmup_s, "build_s": build_s, "cpu_s": time.process_time() - cpu_start})
     ranks_cpu_s = sum(s["cpu_s"] for s in setup)
     return {name: {"latency_s": slowest[i * rounds:(i + 1) * rounds], "positions": positions[name],
                    "warmup_s": max(s["warmup_s"][name] for s in setup), "build_s": max(s["build_s"][name] for s in setup),
                    "observed": observe(trainees[name].ddp), "ranks_cpu_s": ranks_cpu_s}
             for i, name in enumerate(names)}
 
-
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
