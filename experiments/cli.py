@@ -278,7 +278,22 @@ def machine(new_name: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit status (0 ok, 1 some config failed, 2 bad input, 130 Ctrl-C)."""
+    """Entry point; returns the process exit status (0 ok, 1 some config failed, 2 bad input, 130 Ctrl-C).
+
+    The caller's SIGINT and SIGTERM handlers are theirs again on return: a program (or test) that calls
+    main() keeps its own Ctrl-C.
+    """
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _main(argv)
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:  # None: a handler not installed from Python, which Python cannot put back
+                signal.signal(signum, handler)
+
+
+def _main(argv: list[str] | None) -> int:
+    """main() without restoring the signal handlers."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # argparse would print the top-level usage; the sub-command's says what it takes

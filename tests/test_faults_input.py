@@ -70,6 +70,20 @@ def test_timeout_must_be_a_finite_number_of_seconds(tmp_path, capsys, command, v
             r"--timeout=\S+ is not allowed; it must be > 0 and at most 31536000 seconds \(a year\)", out)
 
 
+def test_main_gives_the_caller_its_own_signal_handlers_back(tmp_path, capsys):
+    """main() turns SIGTERM into Ctrl-C while it runs; a program calling it keeps its own handlers."""
+    import signal
+
+    def callers_own(signum, frame):
+        raise AssertionError("never called")
+
+    signal.signal(signal.SIGTERM, callers_own)
+    signal.signal(signal.SIGINT, callers_own)
+    assert main(["run", "--timeout", "0", "--out", str(tmp_path / "r.jsonl")]) == 2
+    assert signal.getsignal(signal.SIGTERM) is callers_own
+    assert signal.getsignal(signal.SIGINT) is callers_own
+
+
 def test_train_refuses_an_infinite_learning_rate(tmp_path, capsys):
     out = tmp_path / "t.jsonl"
     refused(capsys, ["train", "--lr", "inf", "--iters", "2", "--world-size", "1", "--out", str(out)],
