@@ -1,0 +1,65 @@
+# %% [markdown]
+# # How much overlap ddp_core and PyTorch's DDP keep under torch.compile
+# PyTorch's DDP under `torch.compile` splits the compiled graph at its bucket boundaries (dynamo's
+# DDPOptimizer), so that buckets can still be reduced while the rest of backward runs. ddp_core is not
+# PyTorch's DDP class, so dynamo does not split for it: does its backward still launch buckets early?
+# Records: `results/<...>/compile/records.jsonl`, made by the command in docs/ddp_core.md ("Under
+# torch.compile"). Run: `DDPBENCH_RESULTS=results/reference/x86_64-2cpu python -m analysis.compile_overlap`.
+
+# %%
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from analysis.common import results_dir, save
+from experiments.core.records import read_records
+
+
+def early_launches(record: dict) -> tuple[int, int] | None:
+    """(buckets launched before backward's compute ended, buckets) in the last measured iteration, summed
+    over ranks; None where the record has no bucket timeline (PyTorch's DDP: its reducer is C++)."""
+    if not record.get("buckets") or None in record["buckets"]:
+        return None
+    early = total = 0
+    for rank, buckets in enumerate(record["buckets"]):
+        phases = record["phases_s"]
+        computed = phases["forward"][rank][-1] + phases["backward"][rank][-1]  # from the iteration's start
+        for launch, _done in buckets.values():
+            total += 1
+            early += launch is not None and launch < computed
+    return early, total
+
+
+def median_of(values) -> float | None:
+    """Median of the values that are numbers (PyTorch's last synchronised iteration has no exposed time)."""
+    numbers = [v for v in values if v is not None]
+    return statistics.median(numbers) if numbers else None
+
+
+def row(record: dict) -> dict:
+    """One config's latency, its rank 0 phases and, for ddp_core, how many buckets launched early."""
+    config, phases = record["config"], record["phases_s"]
+    latency = pd.Series(record["latency_s"])
+    launches = early_launches(record)
+    return {
+        "impl": config["impl"], "compile": config.get("compile", "none"), "model": config["model"],
+        "bucket_mb": config["bucket_mb"], "iters": len(latency),
+        "median_s": latency.median(), "p25_s": latency.quantile(0.25), "p75_s": latency.quantile(0.75),
+        "backward_s": median_of(phases["backward"][0]), "exposed_comm_s": median_of(phases["exposed_comm"][0]),
+        "early_buckets": None if launches is None else f"{launches[0]} of {launches[1]}",
+    }
+
+
+def main() -> None:
+    """A table per config: latency, backward, exposed communication and early bucket launches."""
+    path = results_dir() / "compile" / "records.jsonl"
+    table = pd.DataFrame([row(r) for r in read_records(path) if r.get("kind") == "run" and r["status"] == "ok"])
+    save(None, table, "compile_overlap")
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(table.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
