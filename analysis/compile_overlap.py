@@ -17,19 +17,18 @@ from analysis.common import results_dir, save
 from experiments.core.records import read_records
 
 
-def early_launches(record: dict) -> tuple[int, int] | None:
-    """(buckets launched before backward's compute ended, buckets) in the last measured iteration, summed
-    over ranks; None where the record has no bucket timeline (PyTorch's DDP: its reducer is C++)."""
+def first_launch_in_backward(record: dict) -> float | None:
+    """Where in backward the first bucket's all-reduce was launched, in the last measured iteration: 0 at
+    backward's start, 1 when its last gradient was computed (after 1: only once backward was done), the
+    median over ranks; None where the record has no bucket timeline (PyTorch's DDP: its reducer is C++)."""
     if not record.get("buckets") or None in record["buckets"]:
         return None
-    early = total = 0
+    positions = []
     for rank, buckets in enumerate(record["buckets"]):
-        phases = record["phases_s"]
-        computed = phases["forward"][rank][-1] + phases["backward"][rank][-1]  # from the iteration's start
-        for launch, _done in buckets.values():
-            total += 1
-            early += launch is not None and launch < computed
-    return early, total
+        forward, backward = record["phases_s"]["forward"][rank][-1], record["phases_s"]["backward"][rank][-1]
+        first = min(launch for launch, _done in buckets.values() if launch is not None)
+        positions.append((first - forward) / backward)
+    return statistics.median(positions)
 
 
 def median_of(values) -> float | None:
@@ -39,21 +38,22 @@ def median_of(values) -> float | None:
 
 
 def row(record: dict) -> dict:
-    """One config's latency, its rank 0 phases and, for ddp_core, how many buckets launched early."""
+    """One config's latency, its rank 0 phases and, for ddp_core, where in backward its first bucket launched."""
     config, phases = record["config"], record["phases_s"]
     latency = pd.Series(record["latency_s"])
-    launches = early_launches(record)
+    first = first_launch_in_backward(record)
     return {
         "impl": config["impl"], "compile": config.get("compile", "none"), "model": config["model"],
         "bucket_mb": config["bucket_mb"], "iters": len(latency),
         "median_s": latency.median(), "p25_s": latency.quantile(0.25), "p75_s": latency.quantile(0.75),
         "backward_s": median_of(phases["backward"][0]), "exposed_comm_s": median_of(phases["exposed_comm"][0]),
-        "early_buckets": None if launches is None else f"{launches[0]} of {launches[1]}",
+        "buckets": None if not record.get("buckets") or None in record["buckets"] else len(record["buckets"][0]),
+        "first_launch_in_backward": first,
     }
 
 
 def main() -> None:
-    """A table per config: latency, backward, exposed communication and early bucket launches."""
+    """A table per config: latency, backward, exposed communication and the first bucket's launch."""
     path = results_dir() / "compile" / "records.jsonl"
     table = pd.DataFrame([row(r) for r in read_records(path) if r.get("kind") == "run" and r["status"] == "ok"])
     save(None, table, "compile_overlap")

@@ -121,18 +121,18 @@ def test_repeats_of_one_config_that_disagree_are_listed():
     assert disagreeing_repeats({"e2_overlap": pd.DataFrame()}).empty
 
 
-def test_compile_overlap_counts_buckets_launched_before_backward_computed():
-    from analysis.compile_overlap import early_launches, row
+def test_compile_overlap_places_the_first_bucket_launch_within_backward():
+    from analysis.compile_overlap import first_launch_in_backward, row
 
-    # rank 0 computed backward at 0.10 + 0.20 = 0.30 s: 2 of its 3 buckets launched before; rank 1 at 0.35 s
+    # rank 0: backward from 0.1 to 0.3 s, first launch at 0.15 s (a quarter in); rank 1: 0.15 to 0.35 s,
+    # launch at 0.35 s (at its end): the median of 0.25 and 1.0
     record = {"config": {"impl": "ddp_core", "compile": "default", "model": "m", "bucket_mb": 5.0},
-              "latency_s": [0.5, 0.6], "buckets": [{"0": [0.1, 0.2], "1": [0.25, 0.4], "2": [0.31, 0.5]},
-                                                   {"0": [0.36, 0.4]}],
+              "latency_s": [0.5, 0.6], "buckets": [{"0": [0.25, 0.4], "1": [0.15, 0.2]}, {"0": [0.35, 0.4]}],
               "phases_s": {"forward": [[0.1, 0.1], [0.1, 0.15]], "backward": [[0.2, 0.2], [0.2, 0.2]],
                            "exposed_comm": [[0.05, None], [0.0, 0.0]]}}
-    assert early_launches(record) == (2, 4)
-    assert row(record)["early_buckets"] == "2 of 4" and row(record)["exposed_comm_s"] == 0.05
-    assert early_launches({**record, "buckets": [None, None]}) is None  # PyTorch's DDP: no timeline
+    assert first_launch_in_backward(record) == pytest.approx(0.625)
+    assert row(record)["buckets"] == 2 and row(record)["exposed_comm_s"] == 0.05
+    assert first_launch_in_backward({**record, "buckets": [None, None]}) is None  # PyTorch's DDP: no timeline
 
 
 def test_caption_keeps_the_whole_cpu_name_and_shortens_only_the_commit():
