@@ -32,8 +32,10 @@ def assign_buckets(
 ) -> list[list[int]]:
     """Group tensor indices into buckets, visiting them in `order`; returns buckets in launch order.
 
-    A bucket takes tensors while its total stays within the cap; a tensor larger than the cap gets a
-    bucket of its own, so a cap of 0 means one tensor per bucket; so does a sparse one. The first bucket of each key uses
+    A bucket takes tensors until its total reaches the cap, the tensor that reaches it included (as
+    PyTorch's `_compute_bucket_assignment_by_size` does: a bucket may end up larger than its cap, so that
+    the same model gets the same buckets, and a hook that depends on them, as PowerSGD does, the same
+    result); a cap of 0 means one tensor per bucket; a sparse tensor always gets one of its own. The first bucket of each key uses
     `first_bucket_cap_mb` if smaller (PyTorch's small first bucket starts communication early).
     Buckets are returned ordered by the position of their first tensor in `order`, which is the
     order in which backward is expected to fill them. `cap_list_mb` (PyTorch's bucket_cap_mb_list)
@@ -61,14 +63,9 @@ def assign_buckets(
             continue
         indices, size = open_buckets.get(spec.key, ([], 0))
         limit = caps[min(closed_per_key.get(spec.key, 0), len(caps) - 1)]
-        if indices and size + spec.nbytes > limit:
-            closed.append(indices)
-            closed_per_key[spec.key] = closed_per_key.get(spec.key, 0) + 1
-            indices, size = [], 0
-            limit = caps[min(closed_per_key[spec.key], len(caps) - 1)]
         indices.append(index)
         size += spec.nbytes
-        if size >= limit:  # full (or a single tensor over the cap): close it now
+        if size >= limit:  # full: close it now
             closed.append(indices)
             closed_per_key[spec.key] = closed_per_key.get(spec.key, 0) + 1
             indices, size = [], 0
