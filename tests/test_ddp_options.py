@@ -88,6 +88,44 @@ def test_the_options_reach_both_implementations(impl):
         assert not result["compiled"]
 
 
+def _parameters_after_steps(rank, world_size, configs):
+    """Train each config's DDP model 3 steps in these processes; its parameters, flattened, per config."""
+    import torch
+
+    from experiments.measure.harness import build
+
+    trained = []
+    for fields in configs:
+        trainee = build(rank, RunConfig(**fields))
+        for _ in range(3):
+            trainee.family.loss(trainee.ddp, trainee.batch).backward()
+            trainee.optimizer.step()
+            trainee.optimizer.zero_grad()
+        trained.append(torch.cat([p.detach().reshape(-1) for p in trainee.model.parameters()]))
+    return trained
+
+
+@pytest.mark.timeout(300)
+def test_each_ddp_option_trains_ddp_core_as_pytorchs_ddp_at_two_ranks():
+    """Through the grid's own path (harness.build), every DDP option of `run` gives ddp_core the parameters
+    it gives PyTorch's DDP after 3 steps at world size 2 (compile: at one rank, in the test below)."""
+    import torch
+
+    base = {**RunConfig(model="bert-tiny", seq_len=8, batch_size=2, world_size=2).__dict__, "bucket_mb": 0.05}
+    options = {"find_unused_parameters": {"find_unused_parameters": True}, "static_graph": {"static_graph": True},
+               "bucket_view": {"bucket_view": True}, "fp16": {"comm_hook": "fp16"},
+               "powersgd": {"comm_hook": "powersgd", "powersgd_rank": 2}}
+    configs = [{**base, **option, "impl": impl} for option in options.values() for impl in ("torch", "ddp_core")]
+    per_rank = run_ranks(_parameters_after_steps, 2, (configs,), timeout=240)
+    for trained in per_rank:
+        for index, name in enumerate(options):
+            torch_ddp, ddp_core = trained[2 * index], trained[2 * index + 1]
+            torch.testing.assert_close(ddp_core, torch_ddp, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        # the hooks really compressed: their parameters are not those of plain all-reduce
+        plain = trained[0]
+        assert not torch.equal(trained[6], plain) and not torch.equal(trained[8], plain)
+
+
 @pytest.mark.timeout(300)
 def test_compile_and_powersgd_train_as_without_them():
     base = RunConfig(model="resnet-tiny", image_size=16, batch_size=2, world_size=1, impl="ddp_core").__dict__
