@@ -133,6 +133,7 @@ def test_a_quick_atlas_interleaves_every_variant_with_its_options(tmp_path, caps
     assert all(float(r["ci_low"]) <= float(r["ratio"]) <= float(r["ci_high"]) for r in rows)
     table = (out / "atlas.md").read_text()
     assert "| model | default p50 (ms) | find_unused | static_graph |" in table and "| bert-tiny |" in table
+    assert f"commit {records[0]['env']['git_commit'][:12]}" in table  # the commit measured, not the one now
     assert (out / "atlas.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the tables are rebuilt from the records alone
     (out / "atlas.csv").unlink()
