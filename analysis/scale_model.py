@@ -159,7 +159,8 @@ def main() -> None:
     for ax in axes:
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:  # a panel with no runs (a partial sweep) gets no empty legend
+            ax.legend(fontsize=6)
     save(fig, table, "scale_model")
 
 
