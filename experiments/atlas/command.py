@@ -94,9 +94,9 @@ def write_results(out: Path) -> list[str]:
     for record in records:  # each block's wall time, once (its records all carry it)
         walls[(record["config"]["link"], record["atlas"]["session"])] = record["atlas"].get("block_wall_s") or 0
     env = records[-1].get("env", {}) if records else {}
-    # an atlas resumed or measured network by network may span commits: name each (a dirty tree as such)
-    commits = dict.fromkeys(str(r.get("env", {}).get("git_commit") or "?")[:12]
-                            + (" (uncommitted changes)" if r.get("env", {}).get("git_dirty") else "") for r in records)
+    # an atlas resumed or measured network by network may span commits: name each (whether a tree was
+    # dirty is in each record's env; an atlas written into a tracked folder dirties it itself)
+    commits = dict.fromkeys(str(r.get("env", {}).get("git_commit") or "?")[:12] for r in records)
     lines = ["# DDP options against PyTorch DDP's defaults: the atlas", "",
              "Written by `ddpbench atlas` from `records.jsonl` (docs/atlas.md says how to read it). Each cell: the "
              "option's latency per iteration over the default's, paired round by round in one set of processes, "
