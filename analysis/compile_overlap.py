@@ -17,14 +17,22 @@ from analysis.common import results_dir, save
 from experiments.core.records import read_records
 
 
+def bucket_timelines(record: dict) -> list[dict] | None:
+    """Each rank's bucket timeline of the last measured iteration; None where the record has none
+    (PyTorch's DDP: its reducer is C++)."""
+    timelines = record.get("buckets")
+    return None if not timelines or None in timelines else timelines
+
+
 def first_launch_in_backward(record: dict) -> float | None:
     """Where in backward the first bucket's all-reduce was launched, in the last measured iteration: 0 at
     backward's start, 1 when its last gradient was computed (after 1: only once backward was done), the
-    median over ranks; None where the record has no bucket timeline (PyTorch's DDP: its reducer is C++)."""
-    if not record.get("buckets") or None in record["buckets"]:
+    median over ranks; None without a bucket timeline."""
+    timelines = bucket_timelines(record)
+    if timelines is None:
         return None
     positions = []
-    for rank, buckets in enumerate(record["buckets"]):
+    for rank, buckets in enumerate(timelines):
         forward, backward = record["phases_s"]["forward"][rank][-1], record["phases_s"]["backward"][rank][-1]
         first = min(launch for launch, _done in buckets.values() if launch is not None)
         positions.append((first - forward) / backward)
@@ -41,14 +49,14 @@ def row(record: dict) -> dict:
     """One config's latency, its rank 0 phases and, for ddp_core, where in backward its first bucket launched."""
     config, phases = record["config"], record["phases_s"]
     latency = pd.Series(record["latency_s"])
-    first = first_launch_in_backward(record)
+    timelines = bucket_timelines(record)
     return {
         "impl": config["impl"], "compile": config.get("compile", "none"), "model": config["model"],
         "bucket_mb": config["bucket_mb"], "iters": len(latency),
         "median_s": latency.median(), "p25_s": latency.quantile(0.25), "p75_s": latency.quantile(0.75),
         "backward_s": median_of(phases["backward"][0]), "exposed_comm_s": median_of(phases["exposed_comm"][0]),
-        "buckets": None if not record.get("buckets") or None in record["buckets"] else len(record["buckets"][0]),
-        "first_launch_in_backward": first,
+        "buckets": None if timelines is None else len(timelines[0]),
+        "first_launch_in_backward": first_launch_in_backward(record),
     }
 
 

@@ -33,8 +33,9 @@ _SESSION_HANDLERS = {number: signal.getsignal(number) for number in _HELD}
 @pytest.fixture(autouse=True)
 def _signal_handlers_restored():
     """A test that changes the signal handlers (its own, or code it runs in-process) must not leave the
-    tests after it (some interrupt their own process, as Ctrl-C does) with Ctrl-C ignored or redirected. Each test starts with the session's handlers and with the
-    signals unblocked (a clean-up that holds them blocks them in the main thread)."""
+    tests after it (some interrupt their own process, as Ctrl-C does) with Ctrl-C ignored or redirected.
+    Each test starts with the session's handlers and with the signals unblocked (a clean-up that holds
+    them blocks them in the main thread)."""
     def reset():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
         for number, handler in _SESSION_HANDLERS.items():
