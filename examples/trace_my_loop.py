@@ -7,9 +7,11 @@
         # under torch's DDP on this machine (gloo, 2 processes): prints its median iteration, to check a prediction
     python examples/trace_my_loop.py --model torchvision:resnet18 --colocated 2 --out /tmp/resnet18_x2.json
         # trace while a second copy trains beside it, as two ranks sharing this host's cores would
+    python examples/trace_my_loop.py --model transformers:gpt2 --batch-size 2 --seq-len 32 --out /tmp/gpt2.json
+        # a causal language model of transformers (random weights), trained on random token ids
 
-Nothing here is ddpbench: a DataLoader, a model, cross-entropy, optional gradient accumulation and
-clipping, SGD. The three profiler lines marked PROFILER are all a user adds to their own loop.
+Nothing here is ddpbench: a DataLoader, a model, cross-entropy (a language model's own loss for
+`transformers:TYPE`), optional gradient accumulation and clipping, SGD. The three profiler lines marked PROFILER are all a user adds to their own loop.
 """
 from __future__ import annotations
 
@@ -28,43 +30,67 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 def build_model(spec: str, classes: int) -> nn.Module:
-    """torchvision:NAME (random weights), or a file with build_model() such as examples/my_model.py."""
+    """torchvision:NAME, transformers:TYPE (a causal LM built from its configuration's defaults; both with
+    random weights), or a file with build_model() such as examples/my_model.py."""
     if spec.startswith("torchvision:"):
         import torchvision
 
         return torchvision.models.get_model(spec.split(":", 1)[1], weights=None, num_classes=classes)
+    if spec.startswith("transformers:"):
+        import transformers
+
+        config = transformers.AutoConfig.for_model(spec.split(":", 1)[1], use_cache=False)
+        return transformers.AutoModelForCausalLM.from_config(config)
     module_spec = importlib.util.spec_from_file_location("user_model", spec)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module.build_model(classes=classes)
 
 
-def batches(args) -> DataLoader:
-    """Random images and labels behind a DataLoader, as a real loop reads its data."""
+def batches(args, model: nn.Module) -> DataLoader:
+    """Random images and labels (token ids for a language model) behind a DataLoader, as a real loop reads
+    its data."""
     count = args.batch_size * args.accumulate * (args.steps + 1)
     g = torch.Generator().manual_seed(0)
+    if is_language_model(args):
+        data = TensorDataset(torch.randint(0, model.config.vocab_size, (count, args.seq_len), generator=g))
+        return DataLoader(data, batch_size=args.batch_size, shuffle=True, generator=g)
     data = TensorDataset(torch.randn(count, 3, args.image_size, args.image_size, generator=g),
                          torch.randint(0, args.classes, (count,), generator=g))
     return DataLoader(data, batch_size=args.batch_size, shuffle=True, generator=g)
+
+
+def is_language_model(args) -> bool:
+    """Whether --model is a transformers language model (token ids in, its own loss out)."""
+    return args.model.startswith("transformers:")
+
+
+def compute_loss(model: nn.Module, batch: list, language_model: bool) -> torch.Tensor:
+    """Cross-entropy of the class logits; a language model predicts its own tokens (it shifts them inside)."""
+    if language_model:
+        return model(input_ids=batch[0], labels=batch[0]).loss
+    images, labels = batch
+    return nn.functional.cross_entropy(model(images), labels)
 
 
 def train(args, rank: int = 0, world_size: int = 1, profiler=None) -> list[float]:
     """The loop: per step, `accumulate` micro-batches, then clip and step. Returns seconds per step."""
     torch.manual_seed(0)
     model = build_model(args.model, args.classes)
+    data = iter(batches(args, model))
     if world_size > 1:
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    data = iter(batches(args))
+    language_model = is_language_model(args)
     times = []
     for _ in range(args.steps):
         start = time.perf_counter()
         for micro in range(args.accumulate):
-            images, labels = next(data)
+            batch = next(data)
             last = micro == args.accumulate - 1
             # Under DDP, only the last micro-batch all-reduces (no_sync for the others).
             with contextlib.nullcontext() if last or world_size == 1 else model.no_sync():
-                loss = nn.functional.cross_entropy(model(images), labels) / args.accumulate
+                loss = compute_loss(model, batch, language_model) / args.accumulate
                 loss.backward()
         if args.clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
@@ -111,6 +137,7 @@ def main() -> None:
     parser.add_argument("--model", default="examples/my_model.py")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=32, help="tokens per sample (transformers: models)")
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--clip", type=float, default=0.0, help="clip the gradient norm to this (0: no clipping)")

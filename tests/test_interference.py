@@ -19,14 +19,27 @@ from tests.test_perfmodel import TOY_NET, allreduce_record, toy_profile  # noqa:
 
 
 def probe_record(model="resnet50", device="cpu", backend="gloo", alone=(1.0,) * 3, reduce=(0.5,) * 3,
-                 beside=(1.2,) * 3, done=(1.7,) * 3, nbytes=100 * MB, time="2024-01-01T00:00:00Z"):
-    """An interference record as the probe writes one, with the times given (seconds, per round)."""
+                 beside=(1.2,) * 3, done=(1.7,) * 3, nbytes=100 * MB, time="2024-01-01T00:00:00Z", ddp=None):
+    """An interference record as the probe writes one, with the times given (seconds, per round); `ddp`:
+    (overlap, no overlap, bytes launched beside backward) per round, as a CPU probe measures DDP's own."""
     config = {"model": model, "backend": backend, "device": device, "world_size": 2, "threads": 1, "batch_size": 2,
               "image_size": 32, "seq_len": 16, "model_config": "", "amp": "none", "model_hash": "", "rounds": 3,
               "warmup": 1, "seed": 0, "link": "none", "ranks_per_host": 1}
     return {"kind": "interference", "status": "ok", "config": config, "bytes": nbytes, "backward_alone_s": list(alone),
             "allreduce_alone_s": list(reduce), "backward_beside_s": list(beside), "both_done_s": list(done),
-            "timing": {"other_cores_busy": 0.1}, "env": {"time": time}}
+            "timing": {"other_cores_busy": 0.1}, "env": {"time": time},
+            **({} if ddp is None else {"ddp_overlap_s": [r[0] for r in ddp], "ddp_no_overlap_s": [r[1] for r in ddp],
+                                       "launched_beside_bytes": [r[2] for r in ddp]})}
+
+
+def test_on_shared_cores_the_term_is_what_ddps_overlap_costs_per_byte_launched_beside_backward():
+    # overlap 1.3 s, no overlap 1.2 s, 80 MB launched beside backward: 0.1 s per 80 MB (the median round)
+    rounds = [(1.3, 1.2, 80 * MB), (1.5, 1.2, 80 * MB), (1.25, 1.2, 80 * MB)]
+    term = from_record(probe_record(ddp=rounds))
+    assert term.seconds_per_byte == pytest.approx(0.1 / (80 * MB))
+    assert per_round(probe_record(ddp=rounds)) == pytest.approx([0.1 / (80 * MB), 0.3 / (80 * MB), 0.05 / (80 * MB)])
+    # overlap cheaper than none: measured negative, not modelled
+    assert from_record(probe_record(ddp=[(1.1, 1.2, 80 * MB)] * 3)).seconds_per_byte == 0
 
 
 def test_on_shared_cores_the_term_is_what_side_by_side_costs_beyond_one_after_the_other():
@@ -77,13 +90,14 @@ def with_term(comm: CommModel, seconds_per_mb: float) -> CommModel:
     return dataclasses.replace(comm, interference=Interference(seconds_per_mb / MB, 0.0, "test"))
 
 
-def test_shared_cores_pay_the_term_for_the_bytes_reduced_while_backward_runs():
+def test_shared_cores_pay_the_term_for_the_bytes_launched_before_the_last_gradient():
     shared = dataclasses.replace(TOY_NET, shares_cores=True)
     base = simulate(toy_profile(), shared, Schedule(world_size=2))
     slowed = simulate(toy_profile(), with_term(shared, 0.01), Schedule(world_size=2))
-    # both 1 MB all-reduces (0.05 s each at full speed, from 0.1 s and 0.2 s) lie inside the 0.3 s backward
-    assert slowed.interference == pytest.approx(0.02)
-    assert slowed.latency == pytest.approx(base.latency + 0.02)
+    # two 1 MB buckets, ready at 0.1 s and 0.2 s: the first is launched while backward still produces
+    # gradients; the last gradient launches the second (as the probe counts them)
+    assert slowed.interference == pytest.approx(0.01)
+    assert slowed.latency == pytest.approx(base.latency + 0.01)
     # without overlap every bucket starts after backward: nothing runs beside it
     off = Schedule(world_size=2, overlap=False)
     assert simulate(toy_profile(), with_term(shared, 0.01), off).latency == pytest.approx(
@@ -92,14 +106,13 @@ def test_shared_cores_pay_the_term_for_the_bytes_reduced_while_backward_runs():
     assert simulate(toy_profile(), with_term(shared, 0.01), Schedule(world_size=1)).interference == 0
 
 
-def test_over_a_link_only_the_share_of_each_all_reduce_inside_backward_slows_the_cores():
-    # a slow wire: each 1 MB bucket takes 0.01 + 0.2 s; bucket 0 runs 0.1..0.31 (95% inside a 0.3 s backward),
-    # bucket 1 waits for it, 0.31..0.52 (none inside)
+def test_over_a_link_the_cores_pay_the_term_for_the_bytes_launched_beside_backward():
+    # a slow wire: each 1 MB bucket takes 0.01 + 0.2 s; bucket 0 is launched at 0.1 s, before the last gradient
     link = CommModel("link", intra=Link(0.005, MB / 0.04), inter=Link(0.005, MB / 0.2), per_server=1,
                      cpu=Link(0.005, MB / 0.04))
     plan = Schedule(world_size=2)
     slowed = simulate(toy_profile(), with_term(link, 0.1), plan)
-    assert slowed.interference == pytest.approx(0.1 * 0.2 / 0.21)
+    assert slowed.interference == pytest.approx(0.1)
     # the wire is the bottleneck here: the cores' extra work does not lengthen the iteration
     assert slowed.latency == pytest.approx(simulate(toy_profile(), link, plan).latency)
     slow_cores = simulate(toy_profile(), with_term(link, 3.0), plan)
@@ -192,6 +205,9 @@ def test_profile_probes_the_models_interference_with_two_ranks(tmp_path):
     for part in ("backward_alone_s", "allreduce_alone_s", "backward_beside_s", "both_done_s"):
         assert len(probe[part]) == rounds and all(t > 0 for t in probe[part])
     assert all(done >= beside for done, beside in zip(probe["both_done_s"], probe["backward_beside_s"]))
+    # on shared cores, DDP's own overlap: with and without, and the buckets launched beside backward
+    assert len(probe["ddp_overlap_s"]) == len(probe["ddp_no_overlap_s"]) == rounds
+    assert all(0 < launched < probe["bytes"] for launched in probe["launched_beside_bytes"])
     assert probe["timing"]["other_cores_busy"] is not None and "seconds_per_byte" in probe["summary"]
     assert main(["profile", "--model", "resnet-tiny", "--interference-probe", "maybe", "--out", str(out)]) == 2
 

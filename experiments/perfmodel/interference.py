@@ -1,27 +1,36 @@
 """The interference term: how much compute slows while communication runs beside it.
 
 On a CPU, Gloo reduces on the cores that run backward: with overlap, the two run side by side and, on
-this 2-core machine, cost more than one after the other (ViT-B/16's backward ran about 200 ms slower
-while Gloo reduced its 330 MB). On a GPU, NCCL's kernels take SMs and memory bandwidth from the
-backward they overlap. The probe measures it on the machine at hand, in seconds (`ddpbench profile`
-and `advise` run it):
+this 2-core machine, cost more than one after the other (on a quiet machine ViT-B/16's DDP iteration
+took 73 ms longer with overlap than without, while the model charged both the same). On a GPU, NCCL's
+kernels take SMs and memory bandwidth from the backward they overlap. The probe measures it on the
+machine at hand, in seconds (`ddpbench profile` and `advise` run it):
 
 1. the ranks that will share the host (2 on a CPU; the GPUs there are, up to 2, on CUDA) build the
    model and a flat buffer of its gradient bytes;
 2. each round, in alternation, after one untimed round: (A) backward alone; (B) an all-reduce of the
    buffer alone; (C) the same all-reduce launched asynchronously (Gloo's thread, NCCL's stream) right
    before the same backward: the backward's time and the time until both are done;
-3. per round, the slowest rank sets each time (a synchronised job runs at its slowest rank's pace).
+3. on shared cores (device cpu), then, DDP's own overlap: the model in ddp_core (25 MB buckets), each
+   round (D) backward with overlap and (E) without, each until every bucket is reduced and written
+   back, and with (D) the bytes of the buckets launched while backward still produced gradients;
+4. per round, the slowest rank sets each time (a synchronised job runs at its slowest rank's pace).
 
-From that (per round, then the median; `Interference.measured`): the bytes reduced beside
-backward are the buffer's bytes times the share of the lone all-reduce that fits in the lone backward
-(min(1, A/B)), as the simulation counts them; the extra is, where communication shares the compute cores
-(device cpu), `both done - A - B` (what side by side costs beyond one after the other, which the model
-charges already), and elsewhere (GPUs) `backward beside - A` (the model charges compute nothing).
+From that (per round, then the median; `Interference.measured`):
+- on shared cores, `(D - E) / bytes launched beside backward`: the model charges backward and every
+  all-reduce one after the other either way, so what overlap costs beyond no overlap is the term. One
+  all-reduce of the whole buffer beside backward (C) did not show it: on a quiet 2-core machine side by
+  side measured as cheap as one after the other for ResNet50, BERT-base and ViT-B/16, while DDP's
+  overlap cost them 0.03-0.21 ms per MB (many buckets launched from gradient hooks, their copies, Gloo's
+  threads competing with backward's). The simulation counts the same bytes: those of the buckets
+  ready before the last gradient;
+- on GPUs, `(C's backward - A) / bytes beside backward`, where the bytes beside backward are the
+  buffer's times the share of the lone all-reduce that fits in the lone backward (min(1, A/B)), as the
+  simulation counts them (the model charges compute nothing for communication there).
 The model adds that term where it is positive (`Interference.seconds_per_byte`); a negative one (side
-by side cheaper than one after the other: one rank's Gloo thread waits on the network while its compute
-runs) is kept in the record and named, but not modelled - the term is a slowdown, and on shared cores
-the model's baseline stays one after the other.
+by side cheaper: one rank's Gloo thread waits on the network while its compute runs) is kept in the
+record and named, but not modelled - the term is a slowdown. Records made before (D)/(E) existed give,
+on shared cores, `(C's both done - A - B)` over the bytes beside backward.
 The record (`kind: interference`) is stored with the all-reduce records the fit reads; the model uses
 the newest probe of the predicted model, else the newest of any model, else none and says so.
 """
@@ -105,10 +114,10 @@ def measure(rank: int, world_size: int, fields: dict) -> dict:
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()
 
-    def loss():
+    def loss(module=model):
         model.zero_grad(set_to_none=True)
         with precision.autocast():
-            return family.loss(model, batch)
+            return family.loss(module, batch)
 
     samples = {"backward_alone": [], "allreduce_alone": [], "backward_beside": [], "both_done": []}
     cpu_start = wall = own = None
@@ -143,11 +152,65 @@ def measure(rank: int, world_size: int, fields: dict) -> dict:
             for key, seconds in times.items():
                 samples[key].append(seconds)
         flat.fill_(1.0)  # sums of sums would overflow to inf after enough rounds
+    if config.device == "cpu":
+        samples.update(_ddp_rounds(model, loss, precision, config))
     cpu_end, wall, own = busy_cpu_seconds(), time.perf_counter() - wall, time.process_time() - own
     busy = None if None in (cpu_start, cpu_end) else (cpu_end - cpu_start) / wall
     # This rank's own cores (all its threads: compute and Gloo's): what is left of `busy` is other work.
     return {**samples, "bytes": flat.numel() * 4, "cores_busy": busy, "own_cores": own / wall,
             "load_average": os.getloadavg()[0]}
+
+
+class _LaunchedBeside:
+    """Reducer observer: the bytes of the buckets launched while backward still had gradients to produce
+    (all but those launched by the last gradient, which start when backward has ended)."""
+
+    def __init__(self, reducer):
+        self.reducer, self.ready, self.bytes = reducer, 0, 0
+
+    def parameter_ready(self, index: int) -> None:
+        """Count a gradient in its bucket."""
+        self.ready += 1
+
+    def bucket_launched(self, index: int, future) -> None:
+        """Add the bucket's bytes unless the last gradient launched it."""
+        if self.ready < len(self.reducer.params):
+            buffer = self.reducer.buckets[index].buffer()
+            self.bytes += buffer.numel() * buffer.element_size()
+
+    def backward_computed(self) -> None:
+        """Nothing to mark."""
+
+    def gradients_synchronised(self) -> None:
+        """Nothing to mark."""
+
+
+def _ddp_rounds(model, loss, precision, config: InterferenceConfig) -> dict:
+    """(D) and (E) on shared cores: ddp_core's backward with overlap and without, alternating, after one
+    untimed round of each (the buckets are rebuilt after the first). Each is timed from the start of
+    backward until it returns (every bucket reduced and written back); with (D), the bytes launched
+    beside backward."""
+    import torch.distributed as dist
+
+    from ddp_core import DistributedDataParallel
+
+    ddp = DistributedDataParallel(model, bucket_cap_mb=25.0)
+    samples = {"ddp_overlap": [], "ddp_no_overlap": [], "launched_beside_bytes": []}
+    for i in range(config.warmup + config.rounds):
+        for overlap in (True, False):
+            ddp.reducer.overlap = overlap
+            observer = ddp.reducer.observer = _LaunchedBeside(ddp.reducer)
+            value = loss(ddp)  # the forward is not timed
+            dist.barrier()
+            start = time.perf_counter()
+            precision.backward(value)
+            seconds = time.perf_counter() - start
+            if i >= config.warmup:
+                samples["ddp_overlap" if overlap else "ddp_no_overlap"].append(seconds)
+                if overlap:
+                    samples["launched_beside_bytes"].append(observer.bytes)
+    ddp.reducer.observer = None
+    return samples
 
 
 def run_probes(probes: list[InterferenceConfig], out, resume: bool = False, timeout: float = 600.0,
@@ -172,9 +235,13 @@ def make_record(config: InterferenceConfig, per_rank: list[dict], wall_s: float)
     """The probe's record: per round, the slowest rank's time of each part; the term it gives."""
     parts = ("backward_alone", "allreduce_alone", "backward_beside", "both_done")
     busy = per_rank[0]["cores_busy"]
+    if "ddp_overlap" in per_rank[0]:  # shared cores: DDP's own overlap, and the bytes it launched beside backward
+        parts += ("ddp_overlap", "ddp_no_overlap")
     record = {"kind": "interference", "status": "ok", "config": dataclasses.asdict(config),
               "bytes": per_rank[0]["bytes"],
               **{f"{part}_s": [max(ts) for ts in zip(*(r[part] for r in per_rank))] for part in parts},
+              **({"launched_beside_bytes": per_rank[0]["launched_beside_bytes"]}
+                 if "launched_beside_bytes" in per_rank[0] else {}),
               "timing": {"config_wall_s": wall_s, "cores_busy": busy, "load_average": per_rank[0]["load_average"],
                          # the machine's busy cores less the probe's own ranks: other people's work meanwhile
                          "other_cores_busy": None if busy is None else max(0.0, busy - sum(r["own_cores"]
@@ -193,6 +260,10 @@ def shares_cores(record: dict) -> bool:
 
 def per_round(record: dict) -> list[float]:
     """Each round's extra seconds per byte reduced beside backward (see the module's docstring)."""
+    if "ddp_overlap_s" in record:  # shared cores: what DDP's overlap costs beyond no overlap, per byte launched beside
+        # (a model of one bucket launches nothing beside backward: overlap cannot cost it anything)
+        return [(on - off) / launched if launched else 0.0 for on, off, launched in
+                zip(record["ddp_overlap_s"], record["ddp_no_overlap_s"], record["launched_beside_bytes"])]
     terms = []
     for alone, reduce, beside, done in zip(record["backward_alone_s"], record["allreduce_alone_s"],
                                            record["backward_beside_s"], record["both_done_s"]):
@@ -223,11 +294,16 @@ def from_record(record: dict) -> Interference:
     measured = statistics.median(per_round(record))
     # A slowdown only: where side by side measured cheaper than one after the other (Gloo's threads waiting
     # on the network while the other computes), the model keeps its baseline and adds nothing.
+    if "ddp_overlap_s" in record:
+        on, off = statistics.median(record["ddp_overlap_s"]), statistics.median(record["ddp_no_overlap_s"])
+        what = (f"DDP's backward {on * 1e3:.1f} ms with overlap, {off * 1e3:.1f} ms without, "
+                f"{statistics.median(record['launched_beside_bytes']) / 1e6:.1f} MB launched beside it")
+    else:
+        what = (f"backward {alone * 1e3:.1f} ms alone, {beside * 1e3:.1f} ms beside an all-reduce of "
+                f"{record['bytes'] / 1e6:.1f} MB{' of a world of one, which moves no data: a lower bound' if alone_world else ''}")
     return Interference(
         seconds_per_byte=max(0.0, measured), measured=measured, slowdown=beside / alone - 1,
-        source=f"probe of {c['model']} on {c['device']} ({c['backend']}), {c['world_size']} rank(s): backward "
-               f"{alone * 1e3:.1f} ms alone, {beside * 1e3:.1f} ms beside an all-reduce of {record['bytes'] / 1e6:.1f} MB"
-               f"{' of a world of one, which moves no data: a lower bound' if alone_world else ''}"
+        source=f"probe of {c['model']} on {c['device']} ({c['backend']}), {c['world_size']} rank(s): {what}"
                f"{load}{', ' + when if when else ''}")
 
 

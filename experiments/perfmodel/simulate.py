@@ -16,9 +16,10 @@ backward and every all-reduce one after the other. Over a link (`ddpbench run --
 works apart from the cores, which still do each all-reduce's CPU share: the iteration waits for
 whichever finishes later, the cores or the wire.
 Interference (a probe's term, `interference.py`; none without one): backward computes more slowly
-while an all-reduce runs beside it. Each bucket's all-reduce, timed at full speed from its launch,
-lies partly inside backward; that many bytes times the probe's seconds per byte are added to the
-cores' work (on GPUs: to backward, which then readies its gradients that much later). With reduce-every-n, n-1 iterations only compute
+while an all-reduce runs beside it. On a CPU the bytes of the buckets launched before the last
+gradient, times the probe's seconds per byte, are added to the cores' work; on GPUs each bucket's
+all-reduce, timed at full speed from its launch, lies partly inside backward, and that many bytes times
+the term are added to backward, which then readies its gradients that much later. With reduce-every-n, n-1 iterations only compute
 (forward and a local backward) and the n-th synchronises; the prediction is the mean over the cycle.
 """
 from __future__ import annotations
@@ -76,7 +77,12 @@ def simulate(profile: Profile, comm: CommModel, schedule: Schedule) -> Predictio
     shared = comm.on_compute_cores(p)
     timeline = [dict(b) for b in buckets] if shared else buckets  # (shared cores: no timeline of their own)
     wire = _replay(timeline, comm, p, schedule.process_groups)
-    extra = per_byte * sum(b["bytes"] * _inside(b, profile.backward) for b in timeline)
+    # Bytes beside backward, as the probe counts them: on a CPU (shared cores, or the cores' side of a link)
+    # those of the buckets launched before the last gradient; on GPUs each all-reduce's share inside backward.
+    if comm.shares_cores or comm.cpu is not None:
+        extra = per_byte * _launched_beside(buckets)
+    else:
+        extra = per_byte * sum(b["bytes"] * _inside(b, profile.backward) for b in timeline)
     if shared:
         # The same cores do both, one after the other, plus what running them side by side costs beyond that.
         synchronised_backward = profile.backward + comm_total + extra
@@ -100,6 +106,13 @@ def simulate(profile: Profile, comm: CommModel, schedule: Schedule) -> Predictio
     n = schedule.sync_every
     return Prediction(latency=((n - 1) * skipped + synchronised) / n, breakdown=breakdown, buckets=buckets,
                       interference=extra)
+
+
+def _launched_beside(buckets: list[dict]) -> int:
+    """Bytes of the buckets ready before the last one: launched while backward still ran (none without overlap,
+    where every bucket is ready at the end)."""
+    last = max((b["ready"] for b in buckets), default=0.0)
+    return sum(b["bytes"] for b in buckets if b["ready"] < last)
 
 
 def _inside(bucket: dict, backward: float) -> float:

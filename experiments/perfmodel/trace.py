@@ -85,6 +85,7 @@ class TraceProfile:
     iteration: float  # the median iteration as traced (seconds)
     warnings: list[str] = field(default_factory=list)
     gpu: str | None = None  # the traced GPU's name (deviceProperties), on a CUDA trace
+    iterations: list[dict] = field(default_factory=list)  # each kept iteration's phases and ready times (raw)
 
 
 @dataclass
@@ -181,7 +182,8 @@ def read_trace(path: Path, name: str | None = None) -> TraceProfile:
                 "threads": None})
     return TraceProfile(profile=profile, gradients=gradients, other=med("other"), accumulate=med("accumulate"),
                         data=med("data"), steps=[label for label, _ in kept], device=device,
-                        iteration=med("iteration"), warnings=warnings, gpu=_gpu_name(top) if device == "cuda" else None)
+                        iteration=med("iteration"), warnings=warnings, gpu=_gpu_name(top) if device == "cuda" else None,
+                        iterations=[{k: v for k, v in r.items() if k != "gradients"} for r in rows])
 
 
 def _gpu_name(top: dict) -> str | None:
