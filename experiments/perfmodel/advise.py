@@ -167,8 +167,9 @@ def main(args: argparse.Namespace) -> int:
             from experiments.perfmodel import interference
 
             probe = interference.probe_config(config, max(2, config.world_size))
-            print(f"ddpbench advise: probing interference ({probe.world_size} ranks, backward alone and beside an "
-                  "all-reduce of the gradient bytes) ...", file=sys.stderr)
+            print(f"ddpbench advise: probing interference ({probe.world_size} ranks: backward alone and beside an "
+                  "all-reduce of the gradient bytes; on a CPU, DDP's backward with overlap and without) ...",
+                  file=sys.stderr)
             run_jobs([probe], records, interference.measure, interference.make_record, "interference",
                      timeout=args.timeout, on_record=lambda job, record, per_rank: kept.append(record),
                      echo=lambda line: print(line, file=sys.stderr))

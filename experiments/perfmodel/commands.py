@@ -62,7 +62,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
                         "compute (default 1: one process alone)")
     parser.add_argument("--interference-probe", default="on", metavar="on|off",
                         help="after the profiles, probe each model's interference (its backward alone and beside an "
-                        "all-reduce of its gradient bytes, 2 ranks; a few seconds) into --out (default on)")
+                        "all-reduce of its gradient bytes, and on a CPU DDP's backward with overlap and without; 2 "
+                        "ranks; seconds) into --out (default on)")
 
 
 def resolve(args: argparse.Namespace) -> list[RunConfig]:
