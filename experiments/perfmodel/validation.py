@@ -16,6 +16,15 @@ from experiments.perfmodel.interference import pick
 from experiments.perfmodel.simulate import Schedule, simulate
 
 
+def describe_errors(errors: list[float]) -> str:
+    """`median |error| x%, mean y%, worst z%; n of m low` for signed relative errors (predicted / measured - 1)."""
+    if not errors:
+        return "no runs"
+    size = [abs(e) for e in errors]
+    return (f"median |error| {statistics.median(size):.1%}, mean {statistics.mean(size):.1%}, worst {max(size):.1%}; "
+            f"{sum(e < 0 for e in errors)} of {len(errors)} low")
+
+
 def measured_latency(record: dict) -> float:
     """A run record's latency as the model predicts it: the median, or for reduce-every-n the median
     of the mean over each cycle of n iterations."""

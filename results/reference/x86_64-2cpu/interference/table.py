@@ -6,13 +6,16 @@
 2. the fresh subset: profiles, probes and E2 at 2.5 Gbit/s in one session;
 3. advise for ViT-B/16: today's advise against today's runs, and the stored advise profile against the
    stored runs with today's probe.
-Every prediction is shown without and with the interference term.
+Every prediction is shown without the interference term, with the term of its own model's probe, and with
+the term of another model's probe (the newest probe of any other model in the same file): the term is
+meant as the machine's, so a model predicted with another's term tests whether it carries over.
 """
 from __future__ import annotations
 
 import dataclasses
-import statistics
+import json
 import sys
+import tempfile
 from pathlib import Path
 
 from experiments.core.profile import Profile
@@ -20,19 +23,10 @@ from experiments.core.records import read_records
 from experiments.perfmodel.interference import from_record, pick
 from experiments.perfmodel.predict import comm_model
 from experiments.perfmodel.simulate import Schedule, simulate
-from experiments.perfmodel.validation import measured_latency, prediction_errors
+from experiments.perfmodel.validation import describe_errors, measured_latency, prediction_errors
 
 REFERENCE = Path("results/reference/x86_64-2cpu")
 FIT = REFERENCE / "runs" / "x86_64-2cpu"
-
-
-def summary(errors: list[float]) -> str:
-    """`median |error| x%, worst y%, n low of m`."""
-    if not errors:
-        return "no runs"
-    e = [abs(x) for x in errors]
-    return (f"median |error| {statistics.median(e):.1%}, mean {statistics.mean(e):.1%}, worst {max(e):.1%}; "
-            f"{sum(x < 0 for x in errors)} of {len(errors)} low")
 
 
 def pairs(runs: Path, probes: Path | None, allreduce: Path | None = None, keep=lambda row: True):
@@ -40,6 +34,28 @@ def pairs(runs: Path, probes: Path | None, allreduce: Path | None = None, keep=l
     plain = [r for r in prediction_errors(runs, allreduce=allreduce, interference=False) if keep(r)]
     slowed = [r for r in prediction_errors(runs, allreduce=allreduce, interference=probes or True) if keep(r)]
     return list(zip(plain, slowed))
+
+
+def others_term(runs: Path, probes: list[dict], allreduce: Path | None = None) -> list[dict]:
+    """Each run predicted with the newest probe of another model than its own (None where there is none)."""
+    rows = []
+    for plain in prediction_errors(runs, allreduce=allreduce, interference=False):
+        others = [r for r in probes if r["config"]["model"] != plain["model"]]
+        if not others:
+            rows.append(None)
+            continue
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "others.jsonl"
+            path.write_text("".join(json.dumps(r) + "\n" for r in others))
+            mine = [r for r in prediction_errors(runs, allreduce=allreduce, interference=path)
+                    if r["model"] == plain["model"] and r["impl"] == plain["impl"]]
+        rows.append(mine[0])
+    return rows
+
+
+def probes_in(path: Path) -> list[dict]:
+    """The probe records in `path`."""
+    return [r for r in read_records(path) if r.get("kind") == "interference" and r["status"] == "ok"]
 
 
 def probe_lines(path: Path) -> list[str]:
@@ -62,8 +78,8 @@ def stored(out: Path) -> list[str]:
                        ("emulated links, real compute (54 runs)", lambda r: r["link"] != "none"),
                        ("of them at 2.5 Gbit/s", lambda r: r["link"] == "2.5gbit")):
         chosen = [(a, b) for a, b in real if keep(a)]
-        lines.append(f"- {name}: without the term {summary([a['error'] for a, _ in chosen])}; "
-                     f"with it {summary([b['error'] for _, b in chosen])}")
+        lines.append(f"- {name}: without the term {describe_errors([a['error'] for a, _ in chosen])}; "
+                     f"with it {describe_errors([b['error'] for _, b in chosen])}")
     return lines + [""]
 
 
@@ -73,57 +89,62 @@ def fresh(out: Path) -> list[str]:
         return ["## 2. Fresh subset: not measured", ""]
     lines = ["## 2. Fresh subset in one session: E2 at 2.5 Gbit/s, 2 emulated hosts", ""]
     lines += probe_lines(folder / "profile.jsonl") + [""]
-    lines += ["| model | overlap | measured ms | cores busy (of 2, all processes) | predicted ms, no term | error | with the term | error |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["| model | overlap | measured ms | cores busy (of 2, all processes) | predicted ms, no term | error | "
+              "with its term | error | with another model's term | error |", "|---|---|---|---|---|---|---|---|---|---|"]
     runs = {(r["config"]["model"], r["config"]["impl"]): r for r in read_records(folder / "runs.jsonl")
             if r.get("kind") == "run"}
     both = pairs(folder, None, allreduce=FIT)
-    for a, b in both:
+    other = others_term(folder, probes_in(folder / "profile.jsonl"), allreduce=FIT)
+    for (a, b), c in zip(both, other):
         busy = (runs[(a["model"], a["impl"])].get("timing") or {}).get("cores_busy")
         lines.append(f"| {a['model']} | {'on' if a['impl'] == 'ddp_core' else 'off'} | {a['measured_s'] * 1e3:.1f} | "
                      f"{busy:.2f} | {a['predicted_s'] * 1e3:.1f} | {a['error']:+.1%} | {b['predicted_s'] * 1e3:.1f} | "
-                     f"{b['error']:+.1%} |")
-    lines += ["", f"Without the term: {summary([a['error'] for a, _ in both])}; with it: "
-              f"{summary([b['error'] for _, b in both])}.", ""]
+                     f"{b['error']:+.1%} | {c['predicted_s'] * 1e3:.1f} | {c['error']:+.1%} |")
+    lines += ["", f"Without the term: {describe_errors([a['error'] for a, _ in both])}; with its own model's: "
+              f"{describe_errors([b['error'] for _, b in both])}; with another model's: {describe_errors([c['error'] for c in other])}.",
+              ""]
     return lines
 
 
-def vit_rows(profile_record: dict, runs: list[dict], probes: list[dict]) -> list[str]:
-    """Predicted (without and with the term) against measured, overlap on and off, for one ViT profile."""
+def vit_rows(profile_record: dict, runs: list[dict], probes: list[dict], others: list[dict]) -> list[str]:
+    """Predicted (without the term, with its own probe's, with another model's) against measured, overlap on and
+    off, for one ViT profile."""
     profile = Profile.from_record(profile_record)
     plain = comm_model(None, FIT)
-    term = pick(probes, "gloo", "cpu", model=profile.model)
-    slowed = dataclasses.replace(plain, interference=term)
+    slowed = dataclasses.replace(plain, interference=pick(probes, "gloo", "cpu", model=profile.model))
+    other = dataclasses.replace(plain, interference=pick(others, "gloo", "cpu"))
     rows = []
     for run in runs:
         overlap = run["config"]["impl"] == "ddp_core"
         plan = Schedule(world_size=2, overlap=overlap)
         measured = measured_latency(run)
-        a, b = simulate(profile, plain, plan).latency, simulate(profile, slowed, plan).latency
+        a, b, c = (simulate(profile, comm, plan).latency for comm in (plain, slowed, other))
         busy = (run.get("timing") or {}).get("cores_busy")
         rows.append(f"| {'on' if overlap else 'off'} | {measured * 1e3:.1f} | "
                     f"{'-' if busy is None else f'{busy:.2f}'} | {a * 1e3:.1f} | {a / measured - 1:+.1%} | "
-                    f"{b * 1e3:.1f} | {b / measured - 1:+.1%} |")
+                    f"{b * 1e3:.1f} | {b / measured - 1:+.1%} | {c * 1e3:.1f} | {c / measured - 1:+.1%} |")
     return rows
 
 
 def vit(out: Path) -> list[str]:
     folder = out / "vit"
-    header = ["| overlap | measured ms | cores busy (of 2, all processes) | predicted ms, no term | error | with the term | error |",
-              "|---|---|---|---|---|---|---|"]
+    header = ["| overlap | measured ms | cores busy (of 2, all processes) | predicted ms, no term | error | with its term | "
+              "error | with another model's term | error |", "|---|---|---|---|---|---|---|---|---|"]
     if not (folder / "runs.jsonl").exists():
         return ["## 3. ViT-B/16 advise: not measured", ""]
     records = read_records(folder / "vit_b_16.profile.jsonl")
     profile = next(r for r in records if r.get("kind") == "profile")
     runs = [r for r in read_records(folder / "runs.jsonl") if r.get("kind") == "run"]
     lines = ["## 3. ViT-B/16, 32 px, batch 4, 2 ranks on loopback", ""] + probe_lines(folder / "vit_b_16.profile.jsonl")
-    lines += ["", "Today's advise profile against today's runs:", ""] + header + vit_rows(profile, runs, records)
+    others = probes_in(out / "probes.jsonl") if (out / "probes.jsonl").exists() else []
+    lines += ["", "Another model's term: " + (pick(others, "gloo", "cpu").describe() if others else "none measured")]
+    lines += ["", "Today's advise profile against today's runs:", ""] + header + vit_rows(profile, runs, records, others)
     old_profile = next(r for r in read_records(REFERENCE / "advise" / "vit_b_16.profile.jsonl")
                        if r.get("kind") == "profile")
     old_runs = [r for r in read_records(REFERENCE / "advise" / "validation_runs.jsonl")
                 if r.get("kind") == "run" and r["config"]["model"] == "torchvision:vit_b_16"]
     lines += ["", "The stored advise profile against the stored runs (docs' 29% case), with today's probe:", ""]
-    return lines + header + vit_rows(old_profile, old_runs, records) + [""]
+    return lines + header + vit_rows(old_profile, old_runs, records, others) + [""]
 
 
 def main() -> None:
@@ -131,7 +152,7 @@ def main() -> None:
     load = (out / "load.txt").read_text().strip().splitlines() if (out / "load.txt").exists() else []
     lines = ["# The interference term against measurements (issue 29)", "",
              "Made by `results/reference/x86_64-2cpu/interference/measure.sh` and this script's `table.py`. "
-             "This 2-core machine was shared with other workers' jobs while it ran; the load averages:", ""]
+             "The load averages of this 2-core machine while it ran (above 2: other work competed for the cores):", ""]
     lines += [f"    {line}" for line in load] + [""]
     print("\n".join(lines + stored(out) + fresh(out) + vit(out)))
 

@@ -10,11 +10,13 @@ which the model predicts from the same profile, as the main job's scale-model va
 """
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository, for experiments.perfmodel
+from experiments.core.records import read_records  # noqa: E402
+from experiments.perfmodel.interference import from_record  # noqa: E402
+from experiments.perfmodel.validation import describe_errors, prediction_errors  # noqa: E402
 
 TRACED = {"": "alone", "_x2": "beside a 2nd copy"}
 
@@ -32,15 +34,6 @@ def measured_ms(folder: Path, case: str, suffix: str) -> tuple[float, str] | Non
         found = re.search(r"median ([0-9.]+) ms per step over (\d+)", ddp.read_text())
         return (float(found.group(1)), f"the same loop under torch DDP, median of {found.group(2)}") if found else None
     return None
-
-
-def summary(errors: list[float]) -> str:
-    """Median, mean and worst |error| of a list of signed errors, and how many are low."""
-    if not errors:
-        return "no cases"
-    size = [abs(e) for e in errors]
-    return (f"median |error| {statistics.median(size):.1%}, mean {statistics.mean(size):.1%}, worst {max(size):.1%}; "
-            f"{sum(e < 0 for e in errors)} of {len(errors)} low")
 
 
 def world_size_two(folder: Path, net: str) -> list[str]:
@@ -71,15 +64,13 @@ def world_size_two(folder: Path, net: str) -> list[str]:
              "| measured by |", "|---|---|---|---|---|---|---|---|", *(r for _, _, r in sorted(rows))]
     for (traced, term), found in errors.items():
         if found:
-            lines += ["", f"traced {traced}, {'with' if term else 'without'} the term: {summary(found)} "
+            lines += ["", f"traced {traced}, {'with' if term else 'without'} the term: {describe_errors(found)} "
                           f"({len(found)} cases)"]
     return lines
 
 
 def scale(folder: Path) -> list[str]:
     """The scale model's runs, each predicted from the profile its stand-in replayed (the trace's)."""
-    from experiments.perfmodel.validation import prediction_errors
-
     if not folder.is_dir():
         return ["(not measured)"]
     rows = sorted(prediction_errors(folder), key=lambda r: (r["model"], r["world_size"]))
@@ -90,14 +81,11 @@ def scale(folder: Path) -> list[str]:
         lines.append(f"| {r['model']} | {r['world_size']} | {r['ranks_per_host']} | {r['link']} | "
                      f"{r['time_dilation']:g} | {busy} | {r['predicted_s'] * 1e3:.1f} | {r['measured_s'] * 1e3:.1f} | "
                      f"{r['error']:+.1%} |")
-    return lines + ["", f"all: {summary([r['error'] for r in rows])} ({len(rows)} runs)"]
+    return lines + ["", f"all: {describe_errors([r['error'] for r in rows])} ({len(rows)} runs)"]
 
 
 def probes(folder: Path) -> list[str]:
     """The interference probes the predictions with the term used (the newest applies)."""
-    from experiments.core.records import read_records
-    from experiments.perfmodel.interference import from_record
-
     path = folder / "probes.jsonl"
     found = [r for r in read_records(path) if r.get("kind") == "interference" and r["status"] == "ok"] \
         if path.exists() else []
