@@ -302,7 +302,7 @@ def from_record(record: dict) -> Interference:
     # on the network while the other computes), the model keeps its baseline and adds nothing.
     if "ddp_overlap_s" in record:
         on, off = statistics.median(record["ddp_overlap_s"]), statistics.median(record["ddp_no_overlap_s"])
-        what = (f"DDP's backward {on * 1e3:.1f} ms with overlap, {off * 1e3:.1f} ms without, "
+        what = (f"ddp_core {on * 1e3:.1f} ms with overlap, {off * 1e3:.1f} ms without, "
                 f"{statistics.median(record['launched_beside_bytes']) / 1e6:.1f} MB launched beside it")
     else:
         what = (f"backward {alone * 1e3:.1f} ms alone, {beside * 1e3:.1f} ms beside an all-reduce of "

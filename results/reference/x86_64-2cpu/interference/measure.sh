@@ -1,24 +1,31 @@
 #!/bin/bash
 # Issue 29's interference term, re-measured in one short session on this shared 2-core machine (docs:
 # performance-model.md "Interference"). Each part writes records under $OUT (default: beside this script):
+#   allreduce - this machine's all-reduce at 2 ranks on loopback, 1 KiB to 256 MiB: the fit link and vit predict with
 #   probes  - interference probes of ResNet50 and BERT-base at the main job's quick inputs (the stored runs'
 #             models), for re-predicting the stored loopback and 2.5/5 Gbit/s link runs (no run repeated)
 #   link    - a fresh subset in one session: profiles of 2 co-located copies (+ their probes), then E2 at
 #             2.5 Gbit/s on 2 emulated hosts (ResNet50, BERT-base; overlap on and off; needs root)
 #   vit     - advise for ViT-B/16 (the issue's 29% case; it runs its probe) and the runs it predicts
+#   order   - ViT-B/16's two runs again, the other config first and 15 warm-up iterations: whether the gap between
+#             overlap and none is the configs' or their order's (the first config of fresh ranks ran slower)
 # Then: python results/reference/x86_64-2cpu/interference/table.py > results/reference/x86_64-2cpu/interference/table.md
 set -e
 cd "$(dirname "$0")/../../../.."
 HERE=results/reference/x86_64-2cpu/interference
 OUT=${OUT:-$HERE}
-FIT=results/reference/x86_64-2cpu/runs/x86_64-2cpu   # this machine's all-reduce records (the fit the docs quote)
-PARTS=${PARTS:-"probes link vit"}
+FIT=${FIT:-$OUT/allreduce.jsonl}   # measured in the same session (a fit from another day misses by 10-20%)
+PARTS=${PARTS:-"allreduce probes link vit order"}
 QUICK="--image-size 32 --seq-len 16 --batch-size 2 --threads 1"
 mkdir -p $OUT
 load() { echo "$(date -u +%FT%TZ) $1: $(cut -d' ' -f1-3 /proc/loadavg) (load average 1/5/15 min)" | tee -a $OUT/load.txt; }
 for part in $PARTS; do
   load "$part start"
   case $part in
+    allreduce)
+      rm -f $OUT/allreduce.jsonl
+      ./ddpbench allreduce --mode size --world-size 2 --out $OUT/allreduce.jsonl
+      ;;
     probes)
       # (python -c, not a script on stdin: the ranks re-import the main module, which stdin cannot give)
       python -c '
@@ -40,6 +47,10 @@ run_probes([InterferenceConfig(model=m, backend="gloo", device="cpu", world_size
           --out $OUT/vit/vit_b_16
       ./ddpbench run --model torchvision:vit_b_16 --image-size 32 --batch-size 4 --world-size 2 \
           --impl ddp_core,ddp_core_no_overlap --out $OUT/vit/runs.jsonl
+      ;;
+    order)
+      ./ddpbench run --model torchvision:vit_b_16 --image-size 32 --batch-size 4 --world-size 2 \
+          --impl ddp_core_no_overlap,ddp_core --warmup 15 --out $OUT/vit/order.jsonl
       ;;
   esac
   load "$part end"

@@ -26,7 +26,13 @@ from experiments.perfmodel.simulate import Schedule, simulate
 from experiments.perfmodel.validation import describe_errors, measured_latency, prediction_errors
 
 REFERENCE = Path("results/reference/x86_64-2cpu")
-FIT = REFERENCE / "runs" / "x86_64-2cpu"
+STORED_FIT = REFERENCE / "runs" / "x86_64-2cpu"  # the stored runs' all-reduce records
+
+
+def session_fit(out: Path) -> Path:
+    """The all-reduce records measure.sh made in the session (the fit sections 2 and 3 predict with), else the
+    stored ones."""
+    return out / "allreduce.jsonl" if (out / "allreduce.jsonl").exists() else STORED_FIT
 
 
 def pairs(runs: Path, probes: Path | None, allreduce: Path | None = None, keep=lambda row: True):
@@ -73,7 +79,7 @@ def probe_lines(path: Path) -> list[str]:
 def stored(out: Path) -> list[str]:
     lines = ["## 1. The stored runs, re-predicted with today's probes (no run repeated)", ""]
     lines += probe_lines(out / "probes.jsonl") + [""]
-    real = pairs(FIT, out / "probes.jsonl", keep=lambda r: r["compute"] == "real")
+    real = pairs(STORED_FIT, out / "probes.jsonl", keep=lambda r: r["compute"] == "real")
     for name, keep in (("loopback, 1-2 ranks (38 runs)", lambda r: r["link"] == "none"),
                        ("emulated links, real compute (54 runs)", lambda r: r["link"] != "none"),
                        ("of them at 2.5 Gbit/s", lambda r: r["link"] == "2.5gbit")):
@@ -93,8 +99,8 @@ def fresh(out: Path) -> list[str]:
               "with its term | error | with another model's term | error |", "|---|---|---|---|---|---|---|---|---|---|"]
     runs = {(r["config"]["model"], r["config"]["impl"]): r for r in read_records(folder / "runs.jsonl")
             if r.get("kind") == "run"}
-    both = pairs(folder, None, allreduce=FIT)
-    other = others_term(folder, probes_in(folder / "profile.jsonl"), allreduce=FIT)
+    both = pairs(folder, None, allreduce=session_fit(out))
+    other = others_term(folder, probes_in(folder / "profile.jsonl"), allreduce=session_fit(out))
     for (a, b), c in zip(both, other):
         busy = (runs[(a["model"], a["impl"])].get("timing") or {}).get("cores_busy")
         lines.append(f"| {a['model']} | {'on' if a['impl'] == 'ddp_core' else 'off'} | {a['measured_s'] * 1e3:.1f} | "
@@ -106,11 +112,11 @@ def fresh(out: Path) -> list[str]:
     return lines
 
 
-def vit_rows(profile_record: dict, runs: list[dict], probes: list[dict], others: list[dict]) -> list[str]:
+def vit_rows(profile_record: dict, runs: list[dict], probes: list[dict], others: list[dict], fit: Path) -> list[str]:
     """Predicted (without the term, with its own probe's, with another model's) against measured, overlap on and
-    off, for one ViT profile."""
+    off, for one ViT profile, on the network of the all-reduce records `fit`."""
     profile = Profile.from_record(profile_record)
-    plain = comm_model(None, FIT)
+    plain = comm_model(None, fit)
     slowed = dataclasses.replace(plain, interference=pick(probes, "gloo", "cpu", model=profile.model))
     other = dataclasses.replace(plain, interference=pick(others, "gloo", "cpu"))
     rows = []
@@ -138,13 +144,32 @@ def vit(out: Path) -> list[str]:
     lines = ["## 3. ViT-B/16, 32 px, batch 4, 2 ranks on loopback", ""] + probe_lines(folder / "vit_b_16.profile.jsonl")
     others = probes_in(out / "probes.jsonl") if (out / "probes.jsonl").exists() else []
     lines += ["", "Another model's term: " + (pick(others, "gloo", "cpu").describe() if others else "none measured")]
-    lines += ["", "Today's advise profile against today's runs:", ""] + header + vit_rows(profile, runs, records, others)
+    lines += ["", f"Today's advise profile against today's runs (the all-reduce of {session_fit(out)}):", ""]
+    lines += header + vit_rows(profile, runs, records, others, session_fit(out))
     old_profile = next(r for r in read_records(REFERENCE / "advise" / "vit_b_16.profile.jsonl")
                        if r.get("kind") == "profile")
     old_runs = [r for r in read_records(REFERENCE / "advise" / "validation_runs.jsonl")
                 if r.get("kind") == "run" and r["config"]["model"] == "torchvision:vit_b_16"]
-    lines += ["", "The stored advise profile against the stored runs (docs' 29% case), with today's probe:", ""]
-    return lines + header + vit_rows(old_profile, old_runs, records, others) + [""]
+    lines += ["", "The stored advise profile against the stored runs (docs' 29% case), with today's probe and the stored "
+                  "all-reduce records:", ""]
+    return lines + header + vit_rows(old_profile, old_runs, records, others, STORED_FIT) + [""]
+
+
+def order(out: Path) -> list[str]:
+    """ViT-B/16's runs in the order each sweep measured them: is the gap the configs' or the order's?"""
+    lines = ["## 4. ViT-B/16: the same two configs in either order", ""]
+    sweeps = [("overlap first, 3 warm-up iterations", out / "vit" / "runs.jsonl"),
+              ("no overlap first, 15 warm-up iterations", out / "vit" / "order.jsonl")]
+    found = [(name, [r for r in read_records(path) if r.get("kind") == "run"]) for name, path in sweeps if path.exists()]
+    if len(found) < 2:
+        return lines + ["(not measured)", ""]
+    lines += ["| sweep | first config | its p50 ms | second config | its p50 ms |", "|---|---|---|---|---|"]
+    for name, (first, second) in found:
+        def label(r):
+            return "overlap" if r["config"]["impl"] == "ddp_core" else "no overlap"
+        lines.append(f"| {name} | {label(first)} | {first['summary']['p50'] * 1e3:.1f} | {label(second)} | "
+                     f"{second['summary']['p50'] * 1e3:.1f} |")
+    return lines + ["", "Each sweep's first config runs in freshly started ranks.", ""]
 
 
 def main() -> None:
@@ -154,7 +179,7 @@ def main() -> None:
              "Made by `results/reference/x86_64-2cpu/interference/measure.sh` and this script's `table.py`. "
              "The load averages of this 2-core machine while it ran (above 2: other work competed for the cores):", ""]
     lines += [f"    {line}" for line in load] + [""]
-    print("\n".join(lines + stored(out) + fresh(out) + vit(out)))
+    print("\n".join(lines + stored(out) + fresh(out) + vit(out) + order(out)))
 
 
 if __name__ == "__main__":
