@@ -7,8 +7,8 @@
 #   link    - a fresh subset in one session: profiles of 2 co-located copies (+ their probes), then E2 at
 #             2.5 Gbit/s on 2 emulated hosts (ResNet50, BERT-base; overlap on and off; needs root)
 #   vit     - advise for ViT-B/16 (the issue's 29% case; it runs its probe) and the runs it predicts
-#   order   - ViT-B/16's two runs again, the other config first and 15 warm-up iterations: whether the gap between
-#             overlap and none is the configs' or their order's (the first config of fresh ranks ran slower)
+#   order   - ViT-B/16's two runs in either order: whether the gap between overlap and none is the configs' or their
+#             order's (the first config of fresh ranks ran slower until sweeps ran it once unrecorded first)
 # Then: python results/reference/x86_64-2cpu/interference/table.py > results/reference/x86_64-2cpu/interference/table.md
 set -e
 cd "$(dirname "$0")/../../../.."
@@ -49,8 +49,12 @@ run_probes([InterferenceConfig(model=m, backend="gloo", device="cpu", world_size
           --impl ddp_core,ddp_core_no_overlap --out $OUT/vit/runs.jsonl
       ;;
     order)
-      ./ddpbench run --model torchvision:vit_b_16 --image-size 32 --batch-size 4 --world-size 2 \
-          --impl ddp_core_no_overlap,ddp_core --warmup 15 --out $OUT/vit/order.jsonl
+      # (vit/order_before_settling.jsonl: `--impl ddp_core_no_overlap,ddp_core --warmup 15` before a fresh pool ran
+      # its first job once unrecorded - the first config took 709 ms, the second 535)
+      for impls in ddp_core,ddp_core_no_overlap ddp_core_no_overlap,ddp_core; do
+        ./ddpbench run --model torchvision:vit_b_16 --image-size 32 --batch-size 4 --world-size 2 \
+            --impl $impls --out $OUT/vit/order_${impls%%,*}_first.jsonl
+      done
       ;;
   esac
   load "$part end"
