@@ -11,6 +11,8 @@
 #              (ResNet50 and BERT-base at the main job's quick inputs)
 #   predict  - every trace predicts world size 2 on loopback and over the link with this machine's
 #              all-reduce fit, without the interference term and with the probe's (cheap: re-run it alone)
+#   runs     - the loopback and link parts' `ddpbench run` measurements only, without tracing again (to re-measure
+#              after a change to how runs are measured; the traces and predictions stay)
 # Then: python results/reference/x86_64-2cpu/trace/table.py $OUT > results/reference/x86_64-2cpu/trace/table.md
 set -e
 cd "$(dirname "$0")/../../../.."
@@ -37,6 +39,14 @@ SCALE=${SCALE:-"4|4|100gbit|10
 mkdir -p $OUT
 load() { echo "$(date -u +%FT%TZ) $1: $(cut -d' ' -f1-3 /proc/loadavg) (load average 1/5/15 min)" | tee -a $OUT/load.txt; }
 config() { [[ -n $1 ]] && echo "--model-config $1"; true; }
+measure_loopback() {
+  ./ddpbench run --model $model $(config "$cfg") $inputs --world-size 2 --iters 20 --warmup 3 \
+      --out $OUT/$name.run.jsonl 2>&1 | tail -1
+}
+measure_link() {
+  ./ddpbench run --model $model $(config "$cfg") $inputs --world-size 2 --link 2.5gbit --iters 12 --warmup 2 \
+      --out $OUT/$name.link.run.jsonl 2>&1 | tail -1
+}
 
 for part in $PARTS; do
   load "$part start"
@@ -47,12 +57,15 @@ for part in $PARTS; do
       loopback)
         $loop --out $OUT/$name.json 2>/dev/null
         $loop --colocated 2 --out $OUT/${name}_x2.json 2>/dev/null
-        ./ddpbench run --model $model $(config "$cfg") $inputs --world-size 2 --iters 20 --warmup 3 \
-            --out $OUT/$name.run.jsonl 2>&1 | tail -1
+        measure_loopback
         ;;
       link)
-        ./ddpbench run --model $model $(config "$cfg") $inputs --world-size 2 --link 2.5gbit --iters 12 --warmup 2 \
-            --out $OUT/$name.link.run.jsonl 2>&1 | tail -1
+        measure_link
+        ;;
+      runs)
+        rm -f $OUT/$name.run.jsonl $OUT/$name.link.run.jsonl
+        measure_loopback
+        measure_link
         ;;
       scale)
         rm -f $OUT/scale/$name.profile.jsonl
