@@ -282,8 +282,8 @@ def counting_measure(rank, world_size, fields):
 
 @pytest.mark.timeout(120)
 def test_fresh_ranks_run_their_first_job_once_unrecorded_before_measuring_it(tmp_path):
-    # Freshly started ranks ran their first job slower throughout (ViT-B/16 at one rank: 307 ms a step, then
-    # 219 ms for the same config): every recorded job must meet ranks that have already run one.
+    # Freshly started ranks ran their first job slower throughout (a fresh process re-faults its freed memory
+    # every iteration, benchmarks/first_model_page_faults.py): every recorded job must meet ranks that have run one.
     out = tmp_path / "r.jsonl"
     run_jobs([RunConfig(seed=s, world_size=1) for s in (7, 8)], out, counting_measure,
              lambda job, per_rank, wall: {"kind": "run", "status": "ok", "config": {"seed": job.seed},

@@ -203,16 +203,15 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
                     fresh = pool is None
                     pool = pool or RankPool(world_size, backend=backend, threads=threads, timeout=timeout,
                                             link=shaped, ranks_per_host=ranks_per_host)
-                    started = time.perf_counter()
                     per_rank = None
                     try:
                         if fresh:
-                            # Freshly started ranks run their first job slower throughout, warm-up or not
-                            # (ViT-B/16: 307 ms a step against 219 ms for the same config next, at one rank;
-                            # the process's memory is not yet reused): run it once unrecorded, so that every
-                            # recorded job meets ranks that have already trained.
+                            # Freshly started ranks run their first job slower throughout, warm-up or not (a
+                            # fresh process re-faults its freed memory every iteration: ViT-B/16 398 ms a step
+                            # against 282 ms for the next model, benchmarks/first_model_page_faults.py): run it
+                            # once unrecorded, so that every recorded job meets ranks that have already trained.
                             pool.run(measure_fn, (dataclasses.asdict(job),), timeout=timeout)
-                            started = time.perf_counter()
+                        started = time.perf_counter()
                         per_rank = pool.run(measure_fn, (dataclasses.asdict(job),), timeout=timeout,
                                             on_progress=iterations if shown else None)
                         record = to_record(job, per_rank, time.perf_counter() - started)
@@ -316,7 +315,8 @@ def run_sweep(configs: list[RunConfig], out: Path, resume: bool = False, timeout
 
 
 def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
-    """torchrun started this process as one rank: run each config in place; rank 0 records.
+    """torchrun started this process as one rank: run each config in place (the first once unrecorded
+    before it is measured, as run_jobs does with fresh ranks); rank 0 records.
 
     A failure here ends the sweep (the process group cannot be trusted after it); what was finished
     stays recorded, and torchrun's own restart policy, or --resume, continues.
@@ -347,12 +347,16 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
     shown = rank == 0 and progress.shown()
     iterations = IterationBar(shown)
     progress.listen(iterations if shown else None)
+    fresh = True
     for config in configs:
         if config_key(dataclasses.asdict(config)) in shared[0]:
             counts["skipped"] += 1
             continue
         # As the built-in launcher's ranks do: a config's threads, not torch's default (every core).
         torch.set_num_threads(config.threads)
+        if fresh:  # as run_jobs does with fresh ranks: the process's first job once, unrecorded
+            measure(rank, world_size, dataclasses.asdict(config))
+            fresh = False
         started = time.perf_counter()
         local = measure(rank, world_size, dataclasses.asdict(config))
         gathered: list = [None] * world_size

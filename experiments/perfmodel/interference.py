@@ -1,8 +1,9 @@
 """The interference term: how much compute slows while communication runs beside it.
 
 On a CPU, Gloo reduces on the cores that run backward: with overlap, the two run side by side and, on
-this 2-core machine, can cost more than one after the other (on a quiet machine ViT-B/16's DDP iteration
-took 73 ms longer with overlap than without, while the model charged both the same). On a GPU, NCCL's
+this 2-core machine, could cost more than one after the other, which the model does not charge (a gap
+once measured for ViT-B/16 turned out to be the first config of fresh ranks running slower:
+performance-model.md). On a GPU, NCCL's
 kernels take SMs and memory bandwidth from the backward they overlap. The probe measures it on the
 machine at hand, in seconds (`ddpbench profile` and `advise` run it):
 
@@ -24,9 +25,8 @@ From that (per round, then the median; `Interference.measured`):
   side measured as cheap as one after the other for ResNet50, BERT-base and ViT-B/16. (D) and (E)
   measure DDP itself (many buckets launched from gradient hooks, their copies, Gloo's threads beside
   backward's). The simulation counts the same bytes: those of the buckets ready before the last
-  gradient. On a quiet machine (D) too measured overlap cheaper for all three, although ViT-B/16's
-  `ddpbench run` is 12-14% slower with overlap than without: that cost is not reproduced by a probe
-  that alternates the two in one process, and is not modelled (performance-model.md);
+  gradient. On a quiet machine (D) too measured overlap no dearer for all three (ResNet50 +0.03 ms per
+  MB, the others cheaper), as `ddpbench run` does once every config meets settled ranks;
 - on GPUs, `(C's backward - A) / bytes beside backward`, where the bytes beside backward are the
   buffer's times the share of the lone all-reduce that fits in the lone backward (min(1, A/B)), as the
   simulation counts them (the model charges compute nothing for communication there).
@@ -45,6 +45,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from ddp_core.reducer import ReducerObserver
 from experiments.core.config import RunConfig
 from experiments.perfmodel.comm import Interference
 
@@ -164,7 +165,7 @@ def measure(rank: int, world_size: int, fields: dict) -> dict:
             "load_average": os.getloadavg()[0]}
 
 
-class _LaunchedBeside:
+class _LaunchedBeside(ReducerObserver):
     """Reducer observer: the bytes of the buckets launched while backward still had gradients to produce
     (all but those launched by the last gradient, which start when backward has ended)."""
 
@@ -181,19 +182,12 @@ class _LaunchedBeside:
             buffer = self.reducer.buckets[index].buffer()
             self.bytes += buffer.numel() * buffer.element_size()
 
-    def backward_computed(self) -> None:
-        """Nothing to mark."""
-
-    def gradients_synchronised(self) -> None:
-        """Nothing to mark."""
-
 
 def _ddp_rounds(model, loss, precision, config: InterferenceConfig) -> dict:
     """(D) and (E) on shared cores: ddp_core's training iteration with overlap and without, alternating,
     after one untimed round of each (the buckets are rebuilt after the first). Each is timed whole -
     forward, backward until every bucket is reduced and written back, an SGD step - since what overlap
-    costs need not show in backward alone (ViT-B/16's backward measured cheaper with it while its
-    iteration was dearer); with (D), the bytes launched beside backward."""
+    costs need not show in backward alone; with (D), the bytes launched beside backward."""
     import torch
     import torch.distributed as dist
 

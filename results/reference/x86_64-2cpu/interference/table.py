@@ -146,6 +146,8 @@ def vit(out: Path) -> list[str]:
     lines += ["", "Another model's term: " + (pick(others, "gloo", "cpu").describe() if others else "none measured")]
     lines += ["", f"Today's advise profile against today's runs (the all-reduce of {session_fit(out)}):", ""]
     lines += header + vit_rows(profile, runs, records, others, session_fit(out))
+    lines += ["", "The same profile and runs with the stored all-reduce records (a loaded session's fit):", ""]
+    lines += header + vit_rows(profile, runs, records, others, STORED_FIT)
     old_profile = next(r for r in read_records(REFERENCE / "advise" / "vit_b_16.profile.jsonl")
                        if r.get("kind") == "profile")
     old_runs = [r for r in read_records(REFERENCE / "advise" / "validation_runs.jsonl")
