@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     advise.add_arguments(sub.add_parser("advise", help="how DDP will behave for your model: profile, predict, advise"))
     compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
+    from experiments.regression import drift
+
+    drift.add_arguments(sub.add_parser("drift", help="how far one config's latency strays between launches on this "
+                                                     "machine (what compare needs for one launch a side)"))
     ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
     from experiments.regression import drill, history
 
@@ -329,10 +333,10 @@ def _main(argv: list[str] | None) -> int:
         return advise.main(args)
     if args.command == "scale-profile":
         return perfmodel.scale_main(args)
-    if args.command in ("compare", "ab", "history", "drill"):
-        from experiments.regression import ab, compare, drill, history
+    if args.command in ("compare", "drift", "ab", "history", "drill"):
+        from experiments.regression import ab, compare, drift, drill, history
 
-        return {"compare": compare, "ab": ab, "history": history, "drill": drill}[args.command].main(args)
+        return {"compare": compare, "drift": drift, "ab": ab, "history": history, "drill": drill}[args.command].main(args)
     if args.command == "network":
         from experiments.emulate import network
 

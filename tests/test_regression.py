@@ -1,6 +1,7 @@
 """Regression testing: compare's verdicts (pooled and paired by round) and exit codes, A/B and history of
 real revisions in a throwaway repo."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -19,31 +20,99 @@ from experiments.regression.compare import compare
 ROOT = Path(__file__).resolve().parents[1]
 
 
+MACHINE = {"machine": "test-machine", "machine_id": "0123456789"}
+
+
 def write_runs(path: Path, medians: dict[float, float], n: int = 40, noise: float = 0.02, seed: int = 0,
-               tag: dict | None = None) -> None:
-    """Records whose latency samples are drawn around the given medians (one config per bucket cap)."""
+               tag: dict | None = None, launches: int = 1, launch_sd: float = 0.0, extra: dict | None = None) -> None:
+    """Records whose latency samples are drawn around the given medians (one config per bucket cap), each
+    config in `launches` records (separate launches), each launch's median off by a factor of sd `launch_sd`."""
     rng = np.random.default_rng(seed)
     for bucket_mb, median in medians.items():
         config = {"model": "resnet-tiny", "impl": "ddp_core", "backend": "gloo", "device": "cpu", "world_size": 2,
                   "bucket_mb": bucket_mb, "sync_every": 1, "process_groups": 1, "comm_hook": "none"}
-        samples = (median * (1 + noise * rng.standard_normal(n))).tolist()
-        append_record(path, {"kind": "run", "status": "ok", "config": config, "latency_s": samples,
-                             **({"round": tag} if tag else {})})
+        for _ in range(launches):
+            launch = median * float(np.exp(launch_sd * rng.standard_normal()))
+            samples = (launch * (1 + noise * rng.standard_normal(n))).tolist()
+            append_record(path, {"kind": "run", "status": "ok", "config": config, "latency_s": samples,
+                                 "env": dict(MACHINE), **({"round": tag} if tag else {}), **(extra or {})})
+
+
+def write_drift(path: Path, sd: float, launches: int = 12, seed: int = 9) -> None:
+    """A drift file of this test's machine: `launches` launches of one config in one session, their medians
+    spread with sd `sd` (what `ddpbench drift` writes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    factors = np.exp(sd * rng.standard_normal(launches))
+    factors = np.exp((np.log(factors) - np.log(factors).mean()) / np.log(factors).std(ddof=1) * sd)  # exactly sd
+    for i, factor in enumerate(factors):
+        write_runs(path, {25.0: 0.05 * factor}, seed=100 + i, extra={"drift": {"session": "s1", "launch": i}})
 
 
 def test_compare_flags_a_real_slowdown_and_nothing_else(tmp_path, capsys):
+    # Four launches per side, whose medians stray by 3% from launch to launch: the interval comes from them.
     base, new = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
-    write_runs(base, {1.0: 0.100, 5.0: 0.100, 25.0: 0.100, 50.0: 0.100}, seed=1)
-    write_runs(new, {1.0: 0.115, 5.0: 0.100, 25.0: 0.085, 50.0: 0.1045}, seed=2)
+    write_runs(base, {1.0: 0.100, 5.0: 0.100, 25.0: 0.100, 50.0: 0.100}, seed=1, launches=4, launch_sd=0.03)
+    write_runs(new, {1.0: 0.125, 5.0: 0.100, 25.0: 0.080, 50.0: 0.1045}, seed=2, launches=4, launch_sd=0.03)
     assert main(["compare", str(base), str(new), "--json"]) == 1
     rows = {row["config"]["bucket_mb"]: row for row in json.loads(capsys.readouterr().out)}
-    assert rows[1.0]["verdict"] == "slower" and rows[1.0]["ratio"] == pytest.approx(1.15, abs=0.02)
-    assert rows[5.0]["verdict"] == "unchanged"
+    assert {row["method"] for row in rows.values()} == {"launches 4x4"}
+    assert rows[1.0]["verdict"] == "slower" and rows[1.0]["ratio"] == pytest.approx(1.25, abs=0.06)
+    assert rows[5.0]["verdict"] in ("unchanged", "not significant")
     assert rows[25.0]["verdict"] == "faster"
     assert rows[50.0]["verdict"] in ("not significant", "unchanged")  # +4.5%: below the 5% threshold
     assert main(["compare", str(base), str(base)]) == 0
     table = capsys.readouterr().out
-    assert "before" in table and "ratio" in table
+    assert "before" in table and "ratio" in table and "Holm" in table
+
+
+def test_one_launch_each_is_judged_against_the_machines_launch_to_launch_drift(tmp_path, capsys, monkeypatch):
+    # Two launches of identical code on a busy machine: 19% apart, each launch's iterations tight (2%). Pooling
+    # iterations called this slower (interval [1.15, 1.23], all beyond 5%); the launch is the unit, and this
+    # machine's launches stray by 8%, so one launch each cannot tell.
+    monkeypatch.setenv("DDPBENCH_RESULTS", str(tmp_path / "results"))
+    base, same, hog = tmp_path / "base.jsonl", tmp_path / "same.jsonl", tmp_path / "hog.jsonl"
+    write_runs(base, {25.0: 0.100}, seed=1)
+    write_runs(same, {25.0: 0.119}, seed=2)
+    write_runs(hog, {25.0: 0.190}, seed=3)  # beside a CPU hog: 1.9x
+    assert main(["compare", str(base), str(same)]) == 0  # no drift measured: cannot tell, says why
+    assert "drift is not measured" in capsys.readouterr().out
+    drift = tmp_path / "results" / "runs" / MACHINE["machine"] / "drift.jsonl"
+    write_drift(drift, sd=0.08)
+    assert main(["compare", str(base), str(same), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["verdict"] == "not significant" and row["method"] == "launches 1x1 +drift", row
+    assert re.search(r"drift of [78]\.\d%", row["reason"]) and str(drift) in row["reason"], row["reason"]
+    assert main(["compare", str(base), str(hog), "--json"]) == 1
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["verdict"] == "slower" and row["ci"][0] > 1.05, row
+    # A drift file named on the command line is used instead; one that holds no session is bad input.
+    quiet = tmp_path / "quiet.jsonl"
+    write_drift(quiet, sd=0.01)
+    assert main(["compare", str(base), str(same), "--drift", str(quiet)]) == 1
+    capsys.readouterr()
+    assert main(["compare", str(base), str(same), "--drift", str(base)]) == 2
+    assert "no drift session" in capsys.readouterr().err
+    # Records of another machine do not use this one's drift.
+    other = tmp_path / "other.jsonl"
+    write_runs(other, {25.0: 0.119}, seed=2, extra={"env": {"machine": "elsewhere", "machine_id": "x"}})
+    assert compare(base, other)[0]["reason"].startswith("one launch each, and this machine's launch-to-launch")
+
+
+def test_many_configs_are_corrected_for_multiple_comparisons_by_holm(tmp_path):
+    # 30 configs of identical code, 3 launches a side: at 95% about 1.5 of them would look significant by chance.
+    # With Holm's correction over the 30, the family's chance of any false alarm is held at 5%.
+    base, new = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    caps = {float(b): 0.1 for b in range(1, 31)}
+    write_runs(base, caps, seed=11, launches=3, launch_sd=0.05)
+    write_runs(new, caps, seed=111, launches=3, launch_sd=0.05)
+    rows = compare(base, new, threshold=0.0001, confidence=0.95)
+    raw = [row for row in rows if row["p"] < 0.05]
+    assert all(row["p_holm"] >= row["p"] for row in rows)
+    assert not any(row["verdict"] in ("slower", "faster") for row in rows), [r for r in rows if r["p_holm"] < .05]
+    from experiments.core.stats import holm
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert len(raw) >= 2  # (these seeds: 3 configs below p 0.05 before the correction)
 
 
 def test_compare_bad_input_exits_2_with_the_reason(tmp_path, capsys):
@@ -60,9 +129,11 @@ def test_compare_bad_input_exits_2_with_the_reason(tmp_path, capsys):
     assert "schema_version 0" in capsys.readouterr().err
     assert main(["compare", str(base), str(base), "--threshold", "2"]) == 2
     assert "--threshold=2.0 is not allowed" in capsys.readouterr().err
+    assert main(["compare", str(base), str(base), "--drift", str(tmp_path / "none.jsonl")]) == 2
+    assert "--drift=" in capsys.readouterr().err
 
 
-def test_paired_rounds_flag_a_10_percent_slowdown_that_drift_hides_from_pooled_samples(tmp_path):
+def test_paired_rounds_flag_a_10_percent_slowdown_that_drift_hides_from_unpaired_launches(tmp_path):
     # Six A/B rounds; the machine drifts by up to 30% between rounds, alike for A and B within a round.
     drift = [1.0, 1.3, 0.75, 1.2, 0.85, 1.1]
     for name, slowdown in (("same", 1.0), ("slow", 1.10)):
@@ -76,17 +147,17 @@ def test_paired_rounds_flag_a_10_percent_slowdown_that_drift_hides_from_pooled_s
     assert slow["ratio"] == pytest.approx(1.10, abs=0.02)
     [same] = compare(tmp_path / "base-same.jsonl", tmp_path / "new-same.jsonl")
     assert same["verdict"] == "unchanged", same
-    # The same samples without their rounds: pooled, the drift between rounds widens the interval.
+    # The same records without their rounds: six launches a side, unpaired; the drift widens the interval.
     untagged = [[{k: v for k, v in r.items() if k != "round"} for r in read_records(tmp_path / f"{side}-slow.jsonl")]
                 for side in ("base", "new")]
-    [pooled] = compare(*untagged)
-    assert pooled["method"] == "pooled"
-    assert pooled["ci"][1] - pooled["ci"][0] > 2 * (slow["ci"][1] - slow["ci"][0]), (pooled, slow)
+    [unpaired] = compare(*untagged)
+    assert unpaired["method"] == "launches 6x6" and unpaired["verdict"] == "not significant", unpaired
+    assert unpaired["ci"][1] - unpaired["ci"][0] > 2 * (slow["ci"][1] - slow["ci"][0]), (unpaired, slow)
     # Rounds of different sessions were not run back to back: never paired.
     other = tmp_path / "other-session.jsonl"
     for index in range(6):
         write_runs(other, {1.0: 0.1}, seed=index, tag={"session": "t", "index": index})
-    assert compare(tmp_path / "base-slow.jsonl", other)[0]["method"] == "pooled"
+    assert compare(tmp_path / "base-slow.jsonl", other)[0]["method"] == "launches 6x6"
 
 
 def _scratch_repo(tmp_path: Path) -> Path:

@@ -185,6 +185,13 @@ def machine_name() -> str:
     return this_machine()["name"]
 
 
+def runs_folder(name: str | None = None) -> Path:
+    """Where a machine's records are filed (this machine's by default): $DDPBENCH_RESULTS (default the
+    project's results/)/runs/<machine>/."""
+    results = os.environ.get("DDPBENCH_RESULTS") or Path(__file__).resolve().parents[2] / "results"
+    return Path(results) / "runs" / (name or machine_name())
+
+
 def rename_machine(name: str) -> dict:
     """Name this machine `name` in the machine file; ConfigError for a name that is not allowed or that
     another machine already has (its results would be mixed with this one's)."""

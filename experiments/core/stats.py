@@ -1,7 +1,12 @@
 """Statistics from raw samples: summaries of latency, and ratios of medians with confidence intervals.
 
-Two ways to compare latencies of BASE and NEW:
-- `ratio_of_medians`: pooled samples, bootstrap interval; for unrelated record files.
+Three ways to compare latencies of BASE and NEW:
+- `ratio_of_medians`: pooled samples, bootstrap interval: the noise between iterations of one launch only
+  (the sweep report's cells, measured one launch each, side by side).
+- `launch_ratio`: separate process launches (records) on each side, unpaired: the unit of replication
+  is the launch, whose median moves by more between launches (placement, page faults, other load) than
+  the iterations inside one launch show; a t interval over launch medians, with this machine's stored
+  launch-to-launch drift where a side has too few launches to show it.
 - `paired_ratio`: A/B rounds run back to back (one process start of each per round). Each round's
   ratio median(NEW)/median(BASE) cancels what drifts between rounds (other load, clock, memory
   placement), so the rounds' ratios vary much less than the pooled samples; their geometric mean
@@ -9,10 +14,12 @@ Two ways to compare latencies of BASE and NEW:
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 import numpy as np
-from scipy.stats import bootstrap, ttest_1samp
+from scipy.stats import bootstrap, false_discovery_control, ttest_1samp
+from scipy.stats import t as t_distribution
 
 
 def summarize(latency_s: list[float], samples_per_iteration: int) -> dict:
@@ -26,16 +33,23 @@ def summarize(latency_s: list[float], samples_per_iteration: int) -> dict:
     }
 
 
-def ratio_of_medians(numerator: list[float], denominator: list[float], confidence: float = 0.95) -> dict:
-    """median(numerator) / median(denominator), with a percentile-bootstrap confidence interval."""
-    ci = bootstrap(
+def ratio_of_medians(numerator: list[float], denominator: list[float], confidence: float = 0.95,
+                     null: float = 1.0) -> dict:
+    """median(numerator) / median(denominator), with a percentile-bootstrap confidence interval, and the
+    bootstrap's two-sided p-value of the ratio being `null` (twice the share of resampled ratios on the
+    far side of it; at least 1/resamples)."""
+    result = bootstrap(
         (np.asarray(numerator), np.asarray(denominator)),
         lambda a, b: np.median(a) / np.median(b),
         vectorized=False, paired=False, n_resamples=2000, confidence_level=confidence, method="percentile",
         random_state=0,
-    ).confidence_interval
+    )
+    resampled = np.asarray(result.bootstrap_distribution)
+    tail = min(float((resampled <= null).mean()), float((resampled >= null).mean()))
+    ci = result.confidence_interval
     return {"ratio": statistics.median(numerator) / statistics.median(denominator),
-            "ci": [float(ci.low), float(ci.high)], "confidence": confidence}
+            "ci": [float(ci.low), float(ci.high)], "confidence": confidence,
+            "p": min(1.0, max(2 * tail, 1 / resampled.size))}
 
 
 def slowest_rank_per_cycle(per_rank: list[list[float]], sync_every: int) -> list[int]:
@@ -93,6 +107,51 @@ def geometric_mean_ratio(ratios: list[float], confidence: float = 0.99) -> dict:
     if len(ratios) < 2:
         raise ValueError(f"a t interval needs at least 2 ratios, got {len(ratios)}")
     logs = np.log(ratios)
-    ci = ttest_1samp(logs, 0.0).confidence_interval(confidence)
+    test = ttest_1samp(logs, 0.0)
+    ci = test.confidence_interval(confidence)
     return {"ratio": float(np.exp(logs.mean())), "ci": [float(np.exp(ci.low)), float(np.exp(ci.high))],
-            "confidence": confidence, "round_ratios": np.exp(logs).tolist()}
+            "confidence": confidence, "p": float(test.pvalue), "round_ratios": np.exp(logs).tolist()}
+
+
+def launch_ratio(numerator_medians: list[float], denominator_medians: list[float], confidence: float = 0.99,
+                 prior_sd: float | None = None, prior_df: int = 0, null: float = 1.0) -> dict | None:
+    """Two groups of separate process launches (one median latency each): the ratio of their geometric
+    means, with a t interval on the difference of mean log medians.
+
+    The launch-to-launch standard deviation of log medians is pooled from the launches' own spread about
+    each group's mean (n - 2 degrees of freedom) and, where given, a stored measurement of this machine's
+    drift (`prior_sd` with `prior_df` degrees of freedom): so one launch per side still gets an interval,
+    as wide as the machine's measured drift makes it. None when no degree of freedom is left (one launch
+    per side and no stored drift): nothing can say how far two launches stray. `p`: the two-sided
+    p-value of the ratio being `null`.
+    """
+    logs = [np.log(np.asarray(side, dtype=float)) for side in (numerator_medians, denominator_medians)]
+    own_df = sum(x.size - 1 for x in logs)
+    squares = sum(float(((x - x.mean()) ** 2).sum()) for x in logs)
+    df = own_df + (prior_df if prior_sd is not None else 0)
+    if df < 1:
+        return None
+    sd = math.sqrt((squares + (prior_df * prior_sd ** 2 if prior_sd is not None else 0.0)) / df)
+    difference = float(logs[0].mean() - logs[1].mean())
+    error = sd * math.sqrt(sum(1 / x.size for x in logs))
+    half = float(t_distribution.ppf(0.5 + confidence / 2, df)) * error
+    off = difference - math.log(null)
+    p = float(2 * t_distribution.sf(abs(off) / error, df)) if error > 0 else float(off == 0)
+    return {"ratio": math.exp(difference), "ci": [math.exp(difference - half), math.exp(difference + half)],
+            "confidence": confidence, "p": p, "sd": sd, "df": df, "launches": [int(x.size) for x in logs]}
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of p-values (family-wise error control over many tests at once):
+    the i-th smallest times (m - i + 1), kept monotone, at most 1."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [1.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def benjamini_hochberg(p_values: list[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (false discovery rate control over many tests at once; scipy's)."""
+    return [float(p) for p in false_discovery_control(p_values)] if p_values else []

@@ -11,23 +11,16 @@ start-up (a few seconds), as its records did where it was first too.
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 from pathlib import Path
 
-from experiments.core.machine import this_machine
+from experiments.core.machine import runs_folder, this_machine
 from experiments.core.records import SchemaError, config_key, read_records, recorded_keys
 from experiments.measure.sweep import config_text, varying_fields
 
 # Fields that change how long a config runs in proportion (iterations), or not at all.
 SCALED = ("iters", "warmup")
 IGNORED = ("seed", "reps")
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def machine_runs_folder() -> Path:
-    """Where this machine's records are filed: $DDPBENCH_RESULTS (default results/)/runs/<machine>/."""
-    return Path(os.environ.get("DDPBENCH_RESULTS", ROOT / "results")) / "runs" / this_machine()["name"]
 
 
 def this_machines_records(paths: list[Path]) -> list[dict]:
@@ -84,7 +77,7 @@ def plan(configs: list, out: Path, resume: bool) -> list[str]:
     """The lines of `run --dry-run`: one per config, with its estimate or why there is none, then a
     total. Records are read from `out` and this machine's folder."""
     varying = varying_fields(configs)
-    records = this_machines_records([out, machine_runs_folder()])
+    records = this_machines_records([out, runs_folder()])
     done = recorded_keys(out) if resume and out.exists() else set()
     lines, total, estimated, skipped = [], 0.0, 0, 0
     for number, config in enumerate(configs, 1):

@@ -150,8 +150,9 @@ def table_rows(commits: list[str], folder: Path, repo: Path, preset: str, thresh
                    "p50_ms": q50, "p25_ms": q25, "p75_ms": q75}
             if name in verdicts:
                 v = verdicts[name]
-                row.update(ratio=v["ratio"], ci_low=v["ci"][0], ci_high=v["ci"][1], method=v["method"],
-                           verdict=v["verdict"])
+                row.update(method=v["method"], verdict=v["verdict"])
+                if v["ci"] is not None:  # (None: one launch each and no stored drift; cannot tell)
+                    row.update(ratio=v["ratio"], ci_low=v["ci"][0], ci_high=v["ci"][1])
             rows.append(row)
         previous = path
     return rows

@@ -82,7 +82,7 @@ SCRIPT = """
                                 fill: colors[p.verdict] || '#1565c0'}, svg);
       let tip = p.commit + ' ' + p.subject + '\\nmedian ' + p.p50_ms.toFixed(2) + ' ms (25-75%: ' +
                 p.p25_ms.toFixed(2) + '-' + p.p75_ms.toFixed(2) + '), ' + p.n + ' samples, ' + p.rounds + ' rounds';
-      if (p.verdict) tip += '\\n' + p.verdict + ' than the previous commit: ' + p.ratio.toFixed(3) + ' [' +
+      if (p.verdict && p.ratio != null) tip += '\\n' + p.verdict + ' than the previous commit: ' + p.ratio.toFixed(3) + ' [' +
                             p.ci_low.toFixed(3) + ', ' + p.ci_high.toFixed(3) + '] ' + p.method;
       el('title', {}, dot).textContent = tip;
     });
@@ -97,7 +97,7 @@ def _cell(row: dict | None) -> str:
     if row is None:
         return "<td></td>"
     text = f"{row['p50_ms']:.2f} ms"
-    if row.get("verdict"):
+    if row.get("verdict") and "ratio" in row:
         text += (f" <span class=\"{html.escape(row['verdict'].replace(' ', '-'))}\">{MARKS[row['verdict']].strip()}"
                  f" {row['ratio']:.3f}</span> [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
     return f"<td class=\"num\">{text}</td>"
