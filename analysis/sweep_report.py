@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import json
+import math
 from dataclasses import fields
 from pathlib import Path
 
@@ -24,8 +25,9 @@ import pandas as pd  # noqa: E402
 
 from analysis.common import spread  # noqa: E402
 from experiments.core.config import RunConfig  # noqa: E402
+from experiments.core.drift import drift_file, stored_drift  # noqa: E402
 from experiments.core.records import load_records  # noqa: E402
-from experiments.core.stats import ratio_of_medians  # noqa: E402
+from experiments.core.stats import holm, launch_ratio, ratio_of_medians  # noqa: E402
 
 PARAMETERS = [f.name for f in fields(RunConfig) if f.name != "model_hash"]
 DEFAULTS = RunConfig()
@@ -55,6 +57,24 @@ def held(frame: pd.DataFrame, p: str, parameters: list[str]) -> list[str]:
     (threads, by default the cores over the world size, change with the world size)."""
     keys = frame[parameters].astype(str)
     return [q for q in parameters if q != p and keys.groupby(keys[p])[q].nunique().max() > 1]
+
+
+def derived(frame: pd.DataFrame, parameters: list[str]) -> dict[str, str]:
+    """The varied parameters that follow from another one, each with the one it follows from (threads
+    from the world size): their values tell nothing the other's do not, so they get no finding of their
+    own. Where two follow from each other, the one later in RunConfig's order is the derived one."""
+    keys = frame[parameters].astype(str)
+    found = {}
+    for p in parameters:
+        for q in parameters:
+            if q == p or q in found:
+                continue
+            p_from_q = keys.groupby(keys[q])[p].nunique().max() == 1
+            q_from_p = keys.groupby(keys[p])[q].nunique().max() == 1
+            if p_from_q and (not q_from_p or parameters.index(q) < parameters.index(p)):
+                found[p] = q
+                break
+    return found
 
 
 def baseline_row(frame: pd.DataFrame, parameters: list[str]) -> int:
@@ -88,25 +108,94 @@ def summary_table(frame: pd.DataFrame, parameters: list[str], base: int) -> pd.D
     return pd.DataFrame(rows)
 
 
-def findings(frame: pd.DataFrame, parameters: list[str], base: int) -> list[str]:
-    """One line per varied parameter: its fastest value, against the baseline's value of it, with the
-    others held at the baseline's values (where such configs were measured)."""
-    lines = []
-    for p in parameters:
+def samples_per_iteration(row) -> float:
+    """Samples one iteration trains over all ranks: the per-rank batch times the world size."""
+    return float(row["batch_size"]) * float(row["world_size"])
+
+
+def throughput_ratio(frame: pd.DataFrame, i: int, base: int, drift: dict | None) -> dict:
+    """Config i's throughput (samples/s over all ranks) over the baseline's, with a 95% interval and the
+    p-value of no difference in throughput: from this machine's launch-to-launch drift where stored (each
+    config is one launch), else from the bootstrap over iterations."""
+    work = samples_per_iteration(frame.loc[i]) / samples_per_iteration(frame.loc[base])
+    if drift:
+        r = launch_ratio([frame.loc[i, "median"]], [frame.loc[base, "median"]], 0.95, drift["sd"], drift["df"],
+                         null=work)
+    else:
+        r = ratio_of_medians(frame.loc[i, "latency_s"], frame.loc[base, "latency_s"], null=work)
+    ranks = float(frame.loc[i, "world_size"]) / float(frame.loc[base, "world_size"])
+    return {"ratio": work / r["ratio"], "ci": [work / r["ci"][1], work / r["ci"][0]], "p": r["p"], "ranks": ranks}
+
+
+def findings(frame: pd.DataFrame, parameters: list[str], base: int, drift: dict | None = None) -> list[str]:
+    """One line per varied parameter that does not follow from another: its values of the highest and
+    the lowest throughput (samples/s, so that world sizes and batch sizes compare fairly), each against
+    the baseline's value, the others held at the baseline's values; the table's largest difference from
+    the baseline, if no line names it yet; each marked "not significant" unless it stays significant
+    after Holm's correction over all of them; and a last line saying how significance was decided."""
+    follows = derived(frame, parameters)
+    tests = []  # (parameter or None, row, what)
+    for p in (q for q in parameters if q not in follows):
         others = held(frame, p, parameters)
-        same = frame[(frame[others].astype(str) == frame.loc[base, others].astype(str)).all(axis=1)] if others \
-            else frame
+        # (compared as text column by column: a row of mixed ints and floats would turn 2 into "2.0")
+        keys = frame[others].astype(str)
+        same = frame[(keys == keys.loc[base]).all(axis=1)] if others else frame
         if same[p].astype(str).nunique() < 2:
             continue
-        best = same.loc[same["median"].idxmin()]
-        ratio = ratio_of_medians(best["latency_s"], frame.loc[base, "latency_s"])
-        context = f" (with {label(frame.loc[base], others)})" if others else ""
-        if str(best[p]) == str(frame.loc[base, p]):
-            lines.append(f"{p} {_text(best[p])} is the fastest{context}.")
+        speed = same.apply(samples_per_iteration, axis=1) / same["median"]
+        for what, i in (("highest", speed.idxmax()), ("lowest", speed.idxmin())):
+            if not any(t[1] == i and t[0] == p for t in tests):
+                tests.append((p, i, what))
+    ratios = {i: throughput_ratio(frame, i, base, drift) for i in frame.index if i != base}
+    if ratios:
+        largest = max(ratios, key=lambda i: abs(math.log(ratios[i]["ratio"])))
+        if not any(t[1] == largest for t in tests):
+            tests.append((None, largest, "largest"))
+    tested = [t for t in tests if t[1] != base]
+    adjusted = dict(zip([t[1] for t in tested], holm([ratios[t[1]]["p"] for t in tested])))
+    lines = []
+    for p, i, what in tests:
+        row = frame.loc[i]
+        if p is None:
+            head = f"The largest difference in the table: {label(row, [q for q in parameters if q not in follows])}"
         else:
-            lines.append(f"{p} {_text(best[p])} is the fastest{context}: {ratio['ratio']:.2f}x "
-                         f"[{ratio['ci'][0]:.2f}, {ratio['ci'][1]:.2f}] of {p} {_text(frame.loc[base, p])}.")
+            others = held(frame, p, parameters)
+            shown = [q for q in others if q not in follows]
+            context = f" (with {label(frame.loc[base], shown)})" if shown else ""
+            if i == base:
+                lines.append(f"{p} {_text(row[p])}, the baseline's, has the {what} throughput{context}.")
+                continue
+            head = f"{p} {_text(row[p])} has the {what} throughput{context}"
+        r = ratios[i]
+        against = f"{p} {_text(frame.loc[base, p])}" if p else "the baseline"
+        text = f"{head}: {r['ratio']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] the samples/s of {against}"
+        if r["ranks"] != 1 and p == "world_size":  # scaling efficiency: the larger world size's throughput per rank over the smaller's
+            sizes = sorted((int(row["world_size"]), int(frame.loc[base, "world_size"])))
+            up = r["ranks"] > 1
+            low, high = ((r["ci"][0] / r["ranks"], r["ci"][1] / r["ranks"]) if up
+                         else (r["ranks"] / r["ci"][1], r["ranks"] / r["ci"][0]))
+            text += (f"; per-rank efficiency of {sizes[1]} ranks over {sizes[0]}: "
+                     f"{(r['ratio'] / r['ranks']) if up else (r['ranks'] / r['ratio']):.2f} [{low:.2f}, {high:.2f}]")
+        significant = adjusted[i] < 0.05 and not r["ci"][0] <= 1 <= r["ci"][1]
+        lines.append(text + ("." if significant else " - not significant."))
+    if tested:
+        source = (f"this machine's launch-to-launch drift ({drift['sd']:.1%}, {drift['file']}), each config being "
+                  "one launch" if drift else "the bootstrap over each config's iterations, which holds the noise "
+                  "within one launch only (no launch-to-launch drift is stored for this machine: `ddpbench drift`)")
+        lines.append(f"Significance: Holm's correction over these {len(tested)} comparisons (family-wise 5%); "
+                     f"95% intervals from {source}."
+                     + (f" Not reported on their own: {', '.join(f'{p} (follows from {q})' for p, q in follows.items())}."
+                        if follows else ""))
     return lines
+
+
+def records_drift(frame: pd.DataFrame) -> dict | None:
+    """The stored launch-to-launch drift of the one machine that made every record, or None."""
+    machines = {(m, i) for m, i in zip(frame.get("env_machine", [None]), frame.get("env_machine_id", [None]))}
+    if len(machines) != 1 or None in next(iter(machines)) or any(pd.isna(v) for v in next(iter(machines))):
+        return None
+    name, ident = next(iter(machines))
+    return stored_drift(drift_file(name), ident)
 
 
 def figure_for(frame: pd.DataFrame, p: str, parameters: list[str]) -> plt.Figure:
@@ -137,8 +226,9 @@ def markdown(table: pd.DataFrame, lines: list[str], figures: dict[str, str], sou
     def cell(value) -> str:
         return f"{value:.4g}" if isinstance(value, float) else str(value)
 
-    out = ["# ddpbench sweep report", "", f"Records: {', '.join(f'`{s}`' for s in sources)}. Ratios are "
-           "medians of per-iteration latency over the baseline config's, with a 95% bootstrap interval.", "",
+    out = ["# ddpbench sweep report", "", f"Records: {', '.join(f'`{s}`' for s in sources)}. Findings compare throughput (samples/s "
+           "over all ranks) with the baseline config's; the table's ratios are medians of per-iteration latency "
+           "over the baseline's, with a 95% bootstrap interval over iterations (one launch each).", "",
            "## Findings", ""]
     out += [f"- {line}" for line in lines] or ["- Nothing varies enough to compare."]
     out += ["", "## Configs", "", "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
@@ -191,7 +281,7 @@ def write_report(paths: list[Path], out: Path, with_html: bool = False) -> list[
     parameters = varied(frame)
     base = baseline_row(frame, parameters)
     table = summary_table(frame, parameters, base)
-    lines = findings(frame, parameters, base)
+    lines = findings(frame, parameters, base, records_drift(frame))
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "summary.csv", index=False)
     figures, images = {}, {}
