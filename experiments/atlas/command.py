@@ -100,7 +100,9 @@ def write_results(out: Path) -> list[str]:
     lines = ["# DDP options against PyTorch DDP's defaults: the atlas", "",
              "Written by `ddpbench atlas` from `records.jsonl` (docs/atlas.md says how to read it). Each cell: the "
              "option's latency per iteration over the default's, paired round by round in one set of processes, "
-             "with its 95% interval; **bold** where the interval excludes 1.", "",
+             "with its 95% interval; **bold** where it differs after the Benjamini-Hochberg correction over the "
+             "network's cells (false discovery rate 5%; column `q_bh` of atlas.csv), since a table of ~130 cells "
+             "tested at 95% each would mark ~6 of pure noise.", "",
              f"Measured on {env.get('machine', '?')} ({env.get('cpu', '?')}, {env.get('cpu_count', '?')} cores), torch "
              f"{env.get('torch', '?')}, commit {', '.join(commits) or '?'}; world size 2, "
              f"{records[-1]['config']['threads'] if records else '?'} thread(s) per rank.",

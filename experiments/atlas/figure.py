@@ -1,6 +1,6 @@
 """The atlas's one figure: a heat map per network (model x option), coloured by the option's latency over
 the default's on a log scale centred on 1 (blue faster, red slower), each cell labelled with its ratio,
-and framed and marked `*` where the 95% interval excludes 1."""
+and framed and marked `*` where it differs after the Benjamini-Hochberg correction over its network's cells."""
 from __future__ import annotations
 
 import math
@@ -42,7 +42,7 @@ def heat_map(table: list[dict], path: Path) -> None:
                 if row is None or row["ratio"] is None:
                     axis.text(j, i, "-" if row is None else "failed", ha="center", va="center", fontsize=7)
                     continue
-                mark = "*" if row["excludes_1"] else ""
+                mark = "*" if row["significant"] else ""
                 axis.text(j, i, f"{row['ratio']:.2f}{mark}", ha="center", va="center", fontsize=7,
                           fontweight="bold" if mark else "normal",
                           color="white" if abs(values[i, j]) > 0.6 * SPAN else "black")
@@ -56,6 +56,6 @@ def heat_map(table: list[dict], path: Path) -> None:
     bar.set_ticks([math.log2(t) for t in ticks], labels=[f"{t:g}x" for t in ticks])
     bar.set_label("latency / default's", fontsize=8)
     figure.suptitle("Each DDP option's latency over PyTorch DDP's defaults (world size 2, interleaved); "
-                    "* and frame: the 95% interval excludes 1", fontsize=9)
+                    "* and frame: a difference after Benjamini-Hochberg over the network's cells (FDR 5%)", fontsize=9)
     figure.savefig(path, dpi=130)
     plt.close(figure)

@@ -2,6 +2,11 @@
 within its block, with a 95% interval (stats.paired_ratio: the geometric mean of the rounds' ratios, a
 Student t interval on their logs); as a CSV (one row per network, model and option) and as Markdown
 (one table per network: model x option).
+
+A network's table tests many cells at once (13 models x 10 options), so a cell is called a difference
+only where it stays significant after the Benjamini-Hochberg correction over its network's cells
+(false discovery rate 5%: of the cells marked, about 1 in 20 at most is expected to be noise), not
+wherever its own interval excludes 1 (which ~6 of 130 cells of pure noise would do).
 """
 from __future__ import annotations
 
@@ -11,11 +16,12 @@ from pathlib import Path
 
 from experiments.atlas.plan import DEFAULT, LINKS, MODELS, QUICK_MODELS, VARIANTS
 from experiments.core.records import read_records
-from experiments.core.stats import paired_ratio
+from experiments.core.stats import benjamini_hochberg, paired_ratio
 
 CONFIDENCE = 0.95
-COLUMNS = ["link", "model", "option", "ratio", "ci_low", "ci_high", "excludes_1", "option_p50_ms", "default_p50_ms",
-           "rounds", "block", "session", "status"]
+FALSE_DISCOVERY_RATE = 0.05
+COLUMNS = ["link", "model", "option", "ratio", "ci_low", "ci_high", "excludes_1", "p", "q_bh", "significant",
+           "option_p50_ms", "default_p50_ms", "rounds", "block", "session", "status"]
 
 
 def latest_records(records: Path) -> dict[tuple, dict]:
@@ -40,15 +46,19 @@ def rows(records: Path) -> list[dict]:
         session = record["atlas"]["session"]
         row = {"link": link, "model": model, "option": variant, "block": record["atlas"]["block"], "session": session,
                "status": record.get("status"), "ratio": None, "ci_low": None, "ci_high": None, "excludes_1": None,
-               "option_p50_ms": None, "default_p50_ms": None, "rounds": None}
+               "p": None, "q_bh": None, "significant": None, "option_p50_ms": None, "default_p50_ms": None, "rounds": None}
         default = by_session.get((session, DEFAULT))
         if record.get("status") == "ok" and default is not None and default.get("status") == "ok":
             mine, base = record["latency_s"], default["latency_s"]
             ratio = paired_ratio([[x] for x in mine], [[x] for x in base], confidence=CONFIDENCE)
             row.update(ratio=ratio["ratio"], ci_low=ratio["ci"][0], ci_high=ratio["ci"][1],
-                       excludes_1=not ratio["ci"][0] <= 1 <= ratio["ci"][1], rounds=len(mine),
+                       excludes_1=not ratio["ci"][0] <= 1 <= ratio["ci"][1], p=ratio["p"], rounds=len(mine),
                        option_p50_ms=statistics.median(mine) * 1e3, default_p50_ms=statistics.median(base) * 1e3)
         out.append(row)
+    for link in {row["link"] for row in out}:  # the family: one network's cells
+        family = [row for row in out if row["link"] == link and row["p"] is not None]
+        for row, q in zip(family, benjamini_hochberg([row["p"] for row in family])):
+            row.update(q_bh=q, significant=q < FALSE_DISCOVERY_RATE)
     return sorted(out, key=_order)
 
 
@@ -65,18 +75,20 @@ def write_csv(table: list[dict], path: Path) -> None:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         for row in table:
-            writer.writerow({k: (f"{v:.4f}" if k in ("ratio", "ci_low", "ci_high") else f"{v:.2f}")
+            writer.writerow({k: (f"{v:.4f}" if k in ("ratio", "ci_low", "ci_high") else f"{v:.2e}" if k in ("p", "q_bh")
+                                 else f"{v:.2f}")
                              if isinstance(v, float) else v for k, v in row.items()})
 
 
 def cell(row: dict | None) -> str:
-    """A table cell: `0.97 [0.93, 1.01]`, in bold where the interval excludes 1; `failed`, or `-` if not measured."""
+    """A table cell: `0.97 [0.93, 1.01]`, in bold where significant after the network's Benjamini-Hochberg
+    correction; `failed`, or `-` if not measured."""
     if row is None:
         return "-"
     if row["ratio"] is None:
         return "failed"
     text = f"{row['ratio']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
-    return f"**{text}**" if row["excludes_1"] else text
+    return f"**{text}**" if row["significant"] else text
 
 
 def link_name(link: str) -> str:
