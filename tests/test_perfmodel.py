@@ -237,3 +237,75 @@ def test_advise_prints_its_warnings_before_its_figures():
               "warnings": ["a CPU profile used for the GPU cluster"]}
     text = format_terminal(report)
     assert text.index("warning: a CPU profile") < text.index("iteration")
+
+
+def _fitted_allreduce(path, ranks=2):
+    """All-reduce records of one world size (a fit's input), 1 KiB to 4 MiB per call."""
+    from experiments.core.records import append_record
+
+    for elements in (256, 4096, 65536, 1 << 20):
+        append_record(path, allreduce_record("size", elements, elements, ranks, 1e-4 + elements * 4 / 1e9))
+
+
+@pytest.mark.timeout(180)
+def test_predictions_carry_intervals_from_the_models_validation_errors_and_name_extrapolation(tiny_profile, tmp_path,
+                                                                                               capsys):
+    from experiments.perfmodel.uncertainty import model_error
+
+    allreduce = tmp_path / "allreduce.jsonl"
+    _fitted_allreduce(allreduce)
+    argv = ["predict", "--profile", str(tiny_profile), "--model", "resnet-tiny", "--allreduce", str(allreduce),
+            "--world-size", "2,8", "--bucket-mb", "25"]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    error = model_error(fit([json.loads(line) for line in allreduce.read_text().splitlines()], "gloo", "cpu").model)
+    for row in result["predictions"]:
+        low, high = row["interval_ms"]
+        assert low < row["latency_ms"] < high  # the errors run both ways
+        assert (low, high) == pytest.approx([x * 1e3 for x in error.interval(row["latency_ms"] / 1e3)])
+    assert any("world size 8 is extrapolated: the all-reduce was measured at 2" in c for c in result["caveats"])
+    # 18.7 MB of resnet-tiny's gradients in one 25 MB bucket: beyond the 4 MiB the fit measured
+    assert any("MiB is extrapolated" in c for c in result["caveats"])
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "90% of runs within" in text and "median |error|" in text
+    # a cluster preset was never validated: no interval, and it says so
+    assert main(["predict", "--profile", str(tiny_profile), "--model", "resnet-tiny", "--cluster", "paper-v100-nccl",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert all(row["interval_ms"] is None for row in result["predictions"])
+    assert "never validated" in result["caveats"][0]
+
+
+def test_a_change_smaller_than_the_models_error_is_not_recommended():
+    from experiments.perfmodel.commands import recommendation_line
+    from experiments.perfmodel.uncertainty import ModelError, within_error
+
+    error = ModelError("loopback", (-0.1, -0.05, 0.0, 0.05, 0.1), "test")  # median |error| 5%
+    assert error.median_abs == pytest.approx(0.05) and within_error(error, -0.014) and not within_error(error, -0.2)
+    assert not within_error(None, -0.001)  # without validation errors nothing is called within them
+    rows = [{"bucket_mb": cap, "world_size": 2, "latency_ms": ms} for cap, ms in ((5, 276.0), (25, 280.0))]
+    # 5 MB predicts -1.4%: the old rule recommended it; it is within the model's 5%, so the default stays
+    assert recommendation_line(rows, [5], error).startswith("keep --bucket-mb 25 (the default)")
+    rows[0]["latency_ms"] = 200.0
+    assert recommendation_line(rows, [5], error).startswith("recommended --bucket-mb 5")
+
+
+def test_advise_calls_a_predicted_change_smaller_than_the_models_error_within_it():
+    from experiments.perfmodel.report import _predicted
+
+    # A toy model on a fitted network (measured at 2 ranks) whose 2 MB of gradients take 24 ms to reduce: fp16
+    # halves that, -3.0% of the iteration, under the loopback validation's median |error| (5%): the old rule said
+    # "pays off"; reduce-every-2 (-13%) still does.
+    net = CommModel("toy", intra=Link(alpha=1e-6, busbw=MB / 0.012), shares_cores=True,
+                    measured={"world_sizes": (2,), "max_bytes": 4 * MB})
+    report = {"figures": [], "warnings": []}
+    _predicted(report, toy_profile(), net, 2, ["a", "b"])
+    values = {f["figure"]: f["value"] for f in report["figures"]}
+    assert "90% of validation runs within [" in values["iteration at 2 ranks, 25 MB buckets"]
+    fp16 = values["--comm-hook fp16 (16-bit all-reduce) at 2 ranks"]
+    assert fp16.startswith("within the model's error (median |error| 5.0%): 392.0 ms (-3.0%)"), fp16
+    assert values["--sync-every 2 (reduce every 2 iterations) at 2 ranks"].startswith("pays off")
+    report = {"figures": [], "warnings": []}
+    _predicted(report, toy_profile(), net, 8, ["a", "b"])
+    assert any("world size 8 is extrapolated" in w for w in report["warnings"])

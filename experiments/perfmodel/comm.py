@@ -72,6 +72,8 @@ class CommModel:
     cpu: Link | None = None
     gpus: tuple[str, ...] = ()  # a cluster preset's GPUs, e.g. ("h100", "h200"): what its compute should be of
     interference: Interference | None = None  # None: compute is taken not to slow beside communication
+    # what a fit rests on: {"world_sizes": (...), "max_bytes": ...}; None for a preset (see uncertainty.py)
+    measured: dict | None = None
 
     def link(self, ranks: int) -> Link:
         """The link that bounds a ring over `ranks`: the slowest level the ring crosses."""
@@ -146,7 +148,8 @@ def fit(records: list[dict], backend: str, device: str, world_size: int | None =
     busbw = 1 / beta if beta > 0 else math.inf
     model = CommModel(name=f"{backend}-{device} (fitted)", intra=Link(alpha=float(alpha), busbw=float(busbw)),
                       shares_cores=device == "cpu",
-                      source=f"fitted to {len(rows)} all-reduce records; median |error| {np.median(errors):.0%}")
+                      source=f"fitted to {len(rows)} all-reduce records; median |error| {np.median(errors):.0%}",
+                      measured={"world_sizes": (world_size,), "max_bytes": max(row["bytes_per_call"] for row in rows)})
     return Fit(model, rows, float(np.median(errors)), float(errors.max()))
 
 
@@ -163,7 +166,7 @@ def emulated(machine: CommModel, link: str, rate_bps: float, ranks_per_host: int
         raise ValueError(f"an emulated link needs this machine's fitted all-reduce, not {machine.name!r}")
     return CommModel(name=f"emulated {link} link", intra=machine.intra, per_server=ranks_per_host,
                      inter=Link(alpha=machine.intra.alpha, busbw=rate_bps / 8), cpu=machine.intra,
-                     interference=machine.interference,
+                     interference=machine.interference, measured=machine.measured,
                      source=f"{link} as configured (bus bandwidth {rate_bps / 8 / GB:.3f} GB/s), {ranks_per_host} rank(s) "
                             f"per host; per-step latency and the cores' share from this machine's fit "
                             f"(alpha {machine.intra.alpha * 1e6:.0f} us, {machine.intra.busbw / GB:.2f} GB/s)")

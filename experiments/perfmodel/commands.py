@@ -42,9 +42,11 @@ from experiments.perfmodel.predict import (
     format_rows,
     near_best,
     predict_rows,
+    prediction_caveats,
     with_interference,
 )
 from experiments.perfmodel.profiler import profile_config
+from experiments.perfmodel.uncertainty import model_error, within_error
 from experiments.perfmodel.simulate import Schedule
 
 # The RunConfig fields `ddpbench profile` takes (model_config: ';' between configurations, as in `run`).
@@ -252,10 +254,12 @@ def main(args: argparse.Namespace) -> int:
     result = {"model": profile.model, "profile": profile.config, "network": comm.name, "source": comm.source,
               "warnings": warnings, "interference": dataclasses.asdict(comm.interference) if comm.interference else None,
               "interference_line": interference_line, "predictions": rows}
+    result["caveats"] = prediction_caveats(comm, rows)
     if args.command == "tune-bucket":
         near = [row["bucket_mb"] for row in near_best(rows)]
         result["recommended_bucket_mb"] = near[0]
         result["near_best_bucket_mb"] = near
+        result["recommendation"] = recommendation_line(rows, near, model_error(comm))
     if trace is not None:
         result["trace"] = trace_summary(trace, comm, plans, result.get("recommended_bucket_mb"))
     if args.json:
@@ -270,18 +274,32 @@ def main(args: argparse.Namespace) -> int:
         print(describe_profile(profile, args.profile, args.compute_s))
     print(interference_line)
     print(format_rows(rows))
+    print("\n".join(result["caveats"]))
     if trace is not None:
         for shown in result["trace"]["buckets"]:
             print(f"buckets at {shown['world_size']} ranks, cap {shown['bucket_mb']:g} MB "
                   f"(overlap {'on' if shown['overlap'] else 'off'}):")
             print("\n".join(shown["lines"]))
     if args.command == "tune-bucket":
-        also = ""
-        if len(near) > 1:
-            also = (f" (any of {caps_text(near, [row['bucket_mb'] for row in rows])} predicts within "
-                    f"{TOLERANCE:.0%} of the best; the smallest starts communicating earliest)")
-        print(f"recommended --bucket-mb {near[0]:g}{also}")
+        print(result["recommendation"])
     return 0
+
+
+def recommendation_line(rows: list[dict], near: list[float], error) -> str:
+    """tune-bucket's verdict: the best cap, or where the default's prediction lies within the model's
+    error of the best one's (error: uncertainty.ModelError or None), the default, saying so."""
+    also = ""
+    if len(near) > 1:
+        also = (f" (any of {caps_text(near, [row['bucket_mb'] for row in rows])} predicts within "
+                f"{TOLERANCE:.0%} of the best; the smallest starts communicating earliest)")
+    best = next(row for row in rows if row["bucket_mb"] == near[0])
+    default = next((row for row in rows if row["bucket_mb"] == 25 and row["world_size"] == best["world_size"]), None)
+    if default is not None and 25 not in near:
+        change = best["latency_ms"] / default["latency_ms"] - 1
+        if within_error(error, change):
+            return (f"keep --bucket-mb 25 (the default): the best cap, {near[0]:g} MB, predicts {change:+.1%}, within "
+                    f"the model's error (median |error| {error.median_abs:.1%})")
+    return f"recommended --bucket-mb {near[0]:g}{also}"
 
 
 def _found(args: argparse.Namespace) -> list[dict]:

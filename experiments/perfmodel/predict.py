@@ -11,6 +11,7 @@ from experiments.core.profile import Profile
 from experiments.core.records import read_records
 from experiments.perfmodel.comm import CLUSTERS, CommModel, emulated, fit
 from experiments.perfmodel.simulate import Schedule, simulate
+from experiments.perfmodel.uncertainty import extrapolation, model_error
 
 DEFAULT_CAPS = "0,1,5,10,25,50,100,200"  # the caps E3 measures, so that a recommendation can be checked
 
@@ -74,14 +75,20 @@ def with_interference(comm: CommModel, cluster: str | None, explicit: str | None
 
 
 def predict_rows(profile: Profile, comm: CommModel, plans: list[Schedule], other: float | None = None) -> list[dict]:
-    """One row per schedule: the prediction in milliseconds and its breakdown. `other`: seconds per
-    iteration that are neither compute DDP overlaps nor communication (a trace's data loading and the
-    user's own work); added as it is, since DDP neither hides nor lengthens it."""
+    """One row per schedule: the prediction in milliseconds, its interval from the model's validation
+    errors (None where it was never validated; see uncertainty.py), the largest bucket's bytes, and its
+    breakdown. `other`: seconds per iteration that are neither compute DDP overlaps nor communication (a
+    trace's data loading and the user's own work); added as it is, since DDP neither hides nor lengthens it."""
+    error = model_error(comm)
     rows = []
     for plan in plans:
         prediction = simulate(profile, comm, plan)
         extra = {} if other is None else {"other_ms": other * 1e3}
-        rows.append({**dataclasses.asdict(plan), "latency_ms": (prediction.latency + (other or 0.0)) * 1e3,
+        latency = prediction.latency + (other or 0.0)
+        interval = error.interval(latency) if error else None
+        rows.append({**dataclasses.asdict(plan), "latency_ms": latency * 1e3,
+                     "interval_ms": [interval[0] * 1e3, interval[1] * 1e3] if interval else None,
+                     "largest_bucket_bytes": max((b["bytes"] for b in prediction.buckets), default=0),
                      **{f"{k}_ms": v * 1e3 for k, v in prediction.breakdown.items()}, **extra,
                      "interference_ms": prediction.interference * 1e3, "buckets": len(prediction.buckets)})
     return rows
@@ -123,15 +130,25 @@ def describe_profile(profile: Profile, source: Path, compute_s: float | None) ->
             f"sequence length {c['seq_len']}, {c['threads']} thread(s), measured {copies}{scaled}; from {source}")
 
 
+def prediction_caveats(comm: CommModel, rows: list[dict]) -> list[str]:
+    """Where the rows' intervals come from (or that there are none), and what they extrapolate."""
+    error = model_error(comm)
+    lines = [error.describe() if error else "intervals: none - this network (a cluster preset) was never validated "
+             "against measured runs, so nothing bounds the model's error on it"]
+    return lines + [f"warning: {w}" for w in extrapolation(comm, [r["world_size"] for r in rows],
+                                                              max(r["largest_bucket_bytes"] for r in rows))]
+
+
 def format_rows(rows: list[dict]) -> str:
-    """A plain-text table of prediction rows."""
+    """A plain-text table of prediction rows, each with its interval (see prediction_caveats)."""
     header = (f"{'ranks':>6} {'cap MB':>7} {'overlap':>7} {'every':>5} {'groups':>6} {'buckets':>7} "
-              f"{'latency ms':>10} {'fwd':>7} {'bwd':>7} {'comm':>7} {'tail':>6} {'opt':>6}")
+              f"{'latency ms':>10} {'90% of runs within':>19} {'fwd':>7} {'bwd':>7} {'comm':>7} {'tail':>6} {'opt':>6}")
     other = any("other_ms" in r for r in rows)  # a trace's data loading and the user's own work
     lines = [header + (f" {'other':>7}" if other else "")]
     for r in rows:
         lines.append(f"{r['world_size']:>6} {r['bucket_mb']:>7g} {'on' if r['overlap'] else 'off':>7} "
                      f"{r['sync_every']:>5} {r['process_groups']:>6} {r['buckets']:>7} {r['latency_ms']:>10.2f} "
+                     + (f"{'[%.1f, %.1f]' % tuple(r['interval_ms']):>19} " if r["interval_ms"] else f"{'-':>19} ") +
                      f"{r['forward_ms']:>7.2f} {r['backward_ms']:>7.2f} {r['exposed_comm_ms']:>7.2f} "
                      f"{r['tail_ms']:>6.2f} {r['optimizer_ms']:>6.2f}" + (f" {r['other_ms']:>7.2f}" if other else ""))
     return "\n".join(lines)

@@ -26,6 +26,7 @@ from experiments.perfmodel.predict import (
 )
 from experiments.perfmodel.probe import medians
 from experiments.perfmodel.simulate import Schedule, simulate
+from experiments.perfmodel.uncertainty import extrapolation, format_interval, model_error, within_error
 
 MB = 1024 * 1024
 SHOWN_BUCKETS = 12  # a longer layout is summarised in the terminal (Markdown and JSON keep every bucket)
@@ -141,7 +142,12 @@ def _predicted(report: dict, profile: Profile, comm: CommModel, n: int, names: l
     base = simulate(profile, comm, Schedule(world_size=n))
     latency = base.latency + other
     alone = simulate(profile, comm, Schedule(world_size=1)).latency + other
-    _figure(figures, f"iteration at {n} ranks, 25 MB buckets", f"{latency * 1e3:.1f} ms", "predicted", latency)
+    error = model_error(comm)
+    spread = (f" (90% of validation runs within {format_interval(error, latency)} ms)" if error
+              else " (no interval: the model was never validated on this network)")
+    _figure(figures, f"iteration at {n} ranks, 25 MB buckets", f"{latency * 1e3:.1f} ms{spread}", "predicted", latency)
+    report["warnings"] += [w for w in extrapolation(comm, [n], max((b["bytes"] for b in base.buckets), default=0))
+                           if w not in report["warnings"]]
     _figure(figures, "exposed communication (after backward)",
             f"{base.breakdown['exposed_comm'] * 1e3:.1f} ms ({base.breakdown['exposed_comm'] / latency:.0%} of "
             "the iteration)", "predicted", base.breakdown["exposed_comm"])
@@ -169,6 +175,10 @@ def _predicted(report: dict, profile: Profile, comm: CommModel, n: int, names: l
     within = f"caps {caps_text([r['bucket_mb'] for r in near], caps)} predict within {TOLERANCE:.0%} of the best"
     if any(r["bucket_mb"] == 25 for r in near):
         _figure(figures, "recommended bucket cap", f"25 MB, the default ({within})", "predicted", 25.0)
+    elif within_error(error, best["latency_ms"] / at25["latency_ms"] - 1):
+        _figure(figures, "recommended bucket cap", f"25 MB, the default: the best cap, {best['bucket_mb']:g} MB, "
+                f"predicts {best['latency_ms'] / at25['latency_ms'] - 1:+.1%}, within the model's error (median "
+                f"|error| {error.median_abs:.1%})", "predicted", 25.0)
     else:
         _figure(figures, "recommended bucket cap", f"{best['bucket_mb']:g} MB: {best['latency_ms']:.1f} ms against "
                 f"{at25['latency_ms']:.1f} ms at 25 MB ({best['latency_ms'] / at25['latency_ms'] - 1:+.1%}; {within})",
@@ -178,6 +188,8 @@ def _predicted(report: dict, profile: Profile, comm: CommModel, n: int, names: l
     def option(what: str, seconds: float, note: str = "") -> None:
         change = seconds / latency - 1
         verdict = "pays off" if change < -TOLERANCE else "costs time" if change > TOLERANCE else "no gain"
+        if within_error(error, change):  # a change smaller than the model's error is no recommendation
+            verdict = f"within the model's error (median |error| {error.median_abs:.1%})"
         _figure(figures, what, f"{verdict}: {seconds * 1e3:.1f} ms ({change:+.1%}){note}", "predicted", seconds)
 
     if views is not None:
