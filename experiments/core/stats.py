@@ -18,16 +18,36 @@ import math
 import statistics
 
 import numpy as np
-from scipy.stats import bootstrap, false_discovery_control, ttest_1samp
+from scipy.stats import binom, bootstrap, false_discovery_control, ttest_1samp
 from scipy.stats import t as t_distribution
 
 
+# The fewest samples a tail quantile is estimated from: at least two samples beyond it (2 / (1 - q)).
+# Below that a "p95" is the largest sample or an interpolation towards it, not a 95th percentile.
+MIN_SAMPLES = {"p90": 20, "p95": 40}
+
+
+def median_interval(samples: list[float], confidence: float = 0.95) -> list[float] | None:
+    """A distribution-free confidence interval of the median from order statistics (the binomial
+    count of samples below it); None with fewer than 6 samples, where no pair of them reaches 95%."""
+    x = np.sort(np.asarray(samples, dtype=float))
+    n = x.size
+    if n < 6:
+        return None
+    low = int(binom.ppf((1 - confidence) / 2, n, 0.5))  # samples below the interval's low end
+    low = max(low - 1, 0) if binom.cdf(low, n, 0.5) > (1 - confidence) / 2 else low
+    return [float(x[low]), float(x[n - 1 - low])]
+
+
 def summarize(latency_s: list[float], samples_per_iteration: int) -> dict:
-    """Mean, percentiles, min and max of per-iteration latency, and throughput at the median."""
+    """Mean, median with its 95% interval over iterations, percentiles, min and max of per-iteration latency,
+    and throughput at the median. p90 and p95 are None below MIN_SAMPLES samples."""
     x = np.asarray(latency_s, dtype=float)
     p50, p90, p95 = np.percentile(x, [50, 90, 95])
     return {
-        "mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p95": float(p95),
+        "mean": float(x.mean()), "p50": float(p50), "p50_ci": median_interval(latency_s),
+        "p90": float(p90) if x.size >= MIN_SAMPLES["p90"] else None,
+        "p95": float(p95) if x.size >= MIN_SAMPLES["p95"] else None,
         "min": float(x.min()), "max": float(x.max()), "n": int(x.size),
         "throughput": samples_per_iteration / float(p50),  # samples/s over all ranks
     }

@@ -127,7 +127,8 @@ def config_text(config: dict, varying: set[str] = frozenset()) -> str:
 
 
 def summary_line(record: dict, varying: set[str] = frozenset()) -> str:
-    """One line per finished job: what it was, and its p50 latency (and throughput where it has one).
+    """One line per finished job: what it was, its p50 latency with the median's 95% interval over its
+    iterations where it has one, and its throughput (or bus bandwidth) where it has one.
 
     Fields in QUIET_FIELDS are shown only where they are in `varying` (they differ within the sweep).
     """
@@ -138,7 +139,9 @@ def summary_line(record: dict, varying: set[str] = frozenset()) -> str:
     extra = f", {s['throughput']:.1f} samples/s" if "throughput" in s else ""
     extra += f", busbw {s['busbw_GBps']:.2f} GB/s" if "busbw_GBps" in s else ""
     check = "" if record.get("correct", True) else "  WRONG"
-    return f"{what}: p50 {s['p50'] * 1e3:.2f} ms{extra}{check}"
+    # the median's 95% interval over this launch's iterations (order statistics; stats.median_interval)
+    interval = f" [{s['p50_ci'][0] * 1e3:.2f}, {s['p50_ci'][1] * 1e3:.2f}]" if s.get("p50_ci") else ""
+    return f"{what}: p50 {s['p50'] * 1e3:.2f} ms{interval}{extra}{check}"
 
 
 class IterationBar:
