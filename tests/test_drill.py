@@ -153,3 +153,31 @@ def test_truth_in_processes_keeps_whole_rounds_and_sizes_each_round_over_its_blo
     # The shared drift (sd 20%) cancels block by block: each round's ratio is paired over its 40 blocks.
     assert sizes["slow"]["m"]["rounds"] == 4 and sizes["slow"]["m"]["ratio"] == pytest.approx(1.08, abs=0.01)
     assert sizes["slow"]["m"]["ci"][0] > 1.06 and sizes["same"]["m"]["ci"][0] < 1 < sizes["same"]["m"]["ci"][1]
+
+
+def test_gate_rates_count_false_alarms_with_their_bound_and_power_by_true_size():
+    import numpy as np
+
+    from experiments.regression import gate_rates
+
+    rng = np.random.default_rng(5)
+
+    def ab(kind, slowdown):
+        rows = [{"config": c, "ratio": slowdown, "verdict": "x",
+                 "round_ratios": (slowdown * np.exp(0.03 * rng.standard_normal(40))).tolist()}
+                for c in ("resnet-tiny", "bert-tiny")]
+        return {"kind": kind, "exit": 0, "threshold": 0.03, "rows": rows}
+
+    truth = {"sleep-10": {c: {"ratio": 1.10, "ci": [1.08, 1.12]} for c in ("resnet-tiny", "bert-tiny")},
+             "sleep-2": {c: {"ratio": 1.002, "ci": [0.99, 1.02]} for c in ("resnet-tiny", "bert-tiny")}}
+    preset = {"truth": truth, "abs": [ab("same", 1.0) for _ in range(100)] + [ab("sleep-10", 1.10) for _ in range(10)]
+              + [ab("sleep-2", 1.002) for _ in range(10)]}
+    rates = gate_rates.summary(preset)["0.03"]
+    assert rates["false_alarms"]["runs"] == 100 and rates["false_alarms"]["flagged"] == 0
+    assert rates["false_alarms"]["upper_95"] == pytest.approx(1 - 0.05 ** (1 / 100), rel=1e-6)  # 0 of 100: 2.95%
+    assert gate_rates.upper_bound(0, 300) == pytest.approx(0.00994, abs=1e-4)  # the rule of three, exactly
+    bins = {b["size"]: b for b in rates["curve"]}
+    assert bins[0.10]["flagged"] == bins[0.10]["runs"] == 20  # 10% true: always flagged
+    assert bins[0.01]["runs"] == 0 and bins[0.02]["runs"] == 0  # +0.2% falls below the first bin
+    assert rates["smallest_flagged_9_in_10"] == pytest.approx(1.10)
+    assert "| 3% (ab's) | 0/100 |" in "\n".join(gate_rates.markdown("smoke", preset))

@@ -6,6 +6,8 @@ import math
 import statistics
 from pathlib import Path
 
+from experiments.regression import gate_rates
+
 GOAL_SIZE = 1.05  # regressions at least this much slower in truth must be flagged ...
 GOAL_RATE, GOAL_RUNS = 0.9, 10  # ... in at least 9 of 10 A/Bs
 
@@ -130,6 +132,7 @@ def markdown(state: dict) -> str:
             lines.append(f"- {config}: goal (every regression >= 5% in truth flagged in >= 9 of 10 A/Bs): {met}; "
                          f"smallest true size flagged in >= 90% of its A/Bs: {small}")
         lines.append("")
+        lines += gate_rates.markdown(name, preset)
     return "\n".join(lines)
 
 
@@ -137,6 +140,7 @@ def write(state: dict, out: Path) -> None:
     """Write the state with its judged goals as JSON to `out`, and the Markdown beside it."""
     for preset in state["presets"].values():
         preset["goals"] = judge(preset)
+        preset["gate_rates"] = gate_rates.summary(preset)
         configs = sorted({c for sizes in preset["truth"].values() for c in sizes})
         preset["round_spread"] = {c: {"all": pooled_spread(preset["truth"], c, False),
                                       "quiet": pooled_spread(preset["truth"], c, True)} for c in configs}
