@@ -222,6 +222,13 @@ def main_job(profile: str | None, out_dir: Path, only: str | None) -> int:
     return 1 if failed else 0
 
 
+def only_smoke_records(results: Path, machine: str) -> Path | None:
+    """The machine's smoke records folder where the smoke profile is all that ran here (no main job's
+    records), else None."""
+    smoke_runs = results / "smoke" / "runs" / machine
+    return smoke_runs if smoke_runs.is_dir() and not (results / "runs" / machine).is_dir() else None
+
+
 def report(smoke: bool, reference: str | None) -> int:
     """Rebuild the main job's figures and report: this machine's (results/, or results/smoke/), or with
     `reference` the committed reference results of that machine (results/reference/<machine>/)."""
@@ -238,6 +245,14 @@ def report(smoke: bool, reference: str | None) -> int:
         os.environ["DDPBENCH_RESULTS"], os.environ["DDPBENCH_MACHINE"] = str(folder), reference
     elif smoke:
         os.environ.setdefault("DDPBENCH_RESULTS", str(results / "smoke"))
+    elif "DDPBENCH_RESULTS" not in os.environ:
+        from experiments.core.machine import machine_name
+
+        smoke_runs = only_smoke_records(results, machine_name())
+        if smoke_runs is not None:
+            print(f"ddpbench report: error: this machine has only smoke records ({smoke_runs}); "
+                  "`./ddpbench report --smoke` reports them, `./run_all.sh` makes the real ones", file=sys.stderr)
+            return EXIT_BAD_INPUT
     # The analysis scripts live beside the suite, not in its package: run the report as a module.
     runpy.run_module("analysis.report", run_name="__main__")
     return 0

@@ -1,4 +1,4 @@
-"""Statistics printed and recorded: no tail quantile from too few samples, the median's interval (its
+"""What run and report print and record: no tail quantile from too few samples, the median's interval (its
 coverage checked by simulation), launch ratios with stored drift, and the corrections for many tests."""
 import numpy as np
 import pytest
@@ -39,3 +39,19 @@ def test_holm_and_benjamini_hochberg_adjust_as_published():
     p = [0.01, 0.04, 0.03, 0.005]
     assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert benjamini_hochberg(p) == pytest.approx([0.02, 0.04, 0.04, 0.02])
+
+
+def test_a_training_record_prints_its_loss_not_milliseconds():
+    record = {"kind": "train", "status": "ok", "config": {"model": "m", "sync_every": 2},
+              "summary": {"p50": 0.756, "final_loss_mean": 0.7559, "accuracy": 0.81}}
+    line = summary_line(record)
+    assert "final loss 0.7559" in line and "accuracy 0.810" in line and " ms" not in line, line
+
+
+def test_report_after_the_smoke_run_alone_points_at_report_smoke(tmp_path):
+    from experiments.cli import only_smoke_records
+
+    (tmp_path / "smoke" / "runs" / "m").mkdir(parents=True)
+    assert only_smoke_records(tmp_path, "m") == tmp_path / "smoke" / "runs" / "m"
+    (tmp_path / "runs" / "m").mkdir(parents=True)
+    assert only_smoke_records(tmp_path, "m") is None  # the main job's records: report them
