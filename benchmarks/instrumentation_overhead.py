@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    config = RunConfig(model=args.model, image_size=args.image_size, batch_size=args.batch_size,
+    config = RunConfig(model=args.model, impl="ddp_core", image_size=args.image_size, batch_size=args.batch_size,
                        world_size=args.world_size, warmup=args.warmup, threads=1)
     validate(config)
     samples = run_ranks(alternate, args.world_size, args=(dataclasses.asdict(config), args.rounds, args.iters),

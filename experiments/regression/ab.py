@@ -33,17 +33,20 @@ from experiments.regression.compare import MIN_PAIRED_ROUNDS, check_verdict_opti
 
 # preset -> its grid of `run` parameters (typed values, as expand_grid takes them), the default number of A/B rounds in fresh
 # processes, and the measured seconds per config of an interleaved A/B with its replicas of the model
-# per revision (see interleaved.py; the paper's models: one, for memory)
+# per revision (see interleaved.py; the paper's models: one, for memory). The grids name ddp_core: the gate
+# measures this project's DDP, which a commit can change (PyTorch's DDP is the same in both trees).
 PRESETS = {
     # tiny models: the whole A/B ends within 5 minutes on 2 cores. Sequence length 64, not 16: run alone,
     # bert-tiny's median moved by up to 30% from one process to the next at 16, by 1% at 64 (after
     # resnet-tiny in the same processes it still moves by 10-25%; see docs/drill.md).
     "smoke": {"replicas": 3, "rounds": 8, "seconds": 20,
-              "grid": {"model": ["resnet-tiny", "bert-tiny"], "world_size": [2], "image_size": [16], "seq_len": [64],
+              "grid": {"impl": ["ddp_core"],
+                       "model": ["resnet-tiny", "bert-tiny"], "world_size": [2], "image_size": [16], "seq_len": [64],
                        "batch_size": [4], "iters": [30], "warmup": [5], "threads": [1]}},
     # one tiny model and few iterations: for tests and for trying the tools, too short to trust
     "quick": {"replicas": 3, "rounds": 3, "seconds": 3,
-              "grid": {"model": ["bert-tiny"], "world_size": [2], "seq_len": [16], "batch_size": [4], "iters": [10],
+              "grid": {"impl": ["ddp_core"],
+                       "model": ["bert-tiny"], "world_size": [2], "seq_len": [16], "batch_size": [4], "iters": [10],
                        "warmup": [2], "threads": [1]}},
     # resnet-tiny on 2 emulated hosts behind a 2.5 Gbit/s link, where communication is about half of the
     # iteration without overlap: the regressions that only show where communication matters (overlap lost,
@@ -51,11 +54,13 @@ PRESETS = {
     # with backward (measured: 105 ms, 122 ms without overlap); at 25 MB they all wait in one bucket for
     # the end of backward, and there is no overlap to lose. Needs root (`ddpbench network --check`).
     "link": {"replicas": 3, "rounds": 6, "seconds": 30,
-              "grid": {"model": ["resnet-tiny"], "world_size": [2], "image_size": [32], "batch_size": [8],
+              "grid": {"impl": ["ddp_core"],
+                       "model": ["resnet-tiny"], "world_size": [2], "image_size": [32], "batch_size": [8],
                        "bucket_mb": [5.0], "iters": [20], "warmup": [3], "threads": [1], "link": ["2.5gbit"]}},
     # the paper's models at the CPU input sizes of the main job
     "paper-cpu": {"replicas": 1, "rounds": 4, "seconds": 60,
-              "grid": {"model": ["resnet50", "bert-base"], "world_size": [2], "image_size": [32], "seq_len": [16],
+              "grid": {"impl": ["ddp_core"],
+                       "model": ["resnet50", "bert-base"], "world_size": [2], "image_size": [32], "seq_len": [16],
                        "batch_size": [2], "iters": [10], "warmup": [3], "threads": [1]}},
 }
 
