@@ -11,14 +11,15 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
-from ddp_core.hooks import HOOKS
 from experiments.args import EXIT_BAD_INPUT, MAX_TIMEOUT_S, check_folder, check_output, check_timeout
 from experiments.core.config import (
     BACKENDS,
     COMPILE_MODES,
     COMPUTE,
     DEVICES,
+    HOOK_NAMES,
     IMPLS,
     LIST_PARAMS,
     TORCH_HOOKS,
@@ -35,7 +36,7 @@ from experiments.measure.workloads.spec import MODEL_HELP
 
 # The allowed values of the `run` lists that take names, shown in --help.
 ALLOWED = {"model": [*sorted(WORKLOADS), MODEL_HELP], "amp": ["none", "bf16", "fp16 (CUDA)"], "impl": list(IMPLS),
-           "comm_hook": ["none", *HOOKS, *TORCH_HOOKS], "backend": list(BACKENDS), "device": list(DEVICES),
+           "comm_hook": ["none", *HOOK_NAMES, *TORCH_HOOKS], "backend": list(BACKENDS), "device": list(DEVICES),
            "compute": list(COMPUTE), "compile": list(COMPILE_MODES),
            **{name: ["false", "true"] for name in ("find_unused_parameters", "static_graph", "bucket_view")}}
 DEFAULT_BY_HARDWARE = {"backend": "nccl with GPUs, else gloo", "device": "cuda with GPUs, else cpu",
@@ -296,6 +297,18 @@ def machine(new_name: str | None) -> int:
     return 0
 
 
+def entry_point() -> NoReturn:
+    """The `ddpbench` command (the console script of `pip install -e .`, `python -m experiments` and
+    ./ddpbench alike): main() on the command line, its status the process's exit status."""
+    status = main()
+    if status == EXIT_INTERRUPTED:
+        # Stopping after Ctrl-C: another Ctrl-C (a user pressing it again) must not break the exit half-way
+        # (atexit handlers flushing records and removing what the run made).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(status)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (0 ok, 1 some config failed, 2 bad input, 130 Ctrl-C).
 
@@ -320,8 +333,6 @@ def _main(argv: list[str] | None) -> int:
     show_record_warnings_as_lines()
     # A polite kill (SIGTERM) unwinds like Ctrl-C, so ranks and emulated networks are removed on the way out.
     signal.signal(signal.SIGTERM, _terminate)
-    from experiments.measure import allreduce, train
-    from experiments.measure.sweep import run_sweep
     from experiments.perfmodel import commands as perfmodel
 
     if args.command == "main-job":
@@ -356,6 +367,10 @@ def _main(argv: list[str] | None) -> int:
         from experiments.emulate import network
 
         return network.main(args)
+    # The measuring commands (run, allreduce, train, profile); the sweep imports torch, the others need not.
+    from experiments.measure import allreduce, train
+    from experiments.measure.sweep import run_sweep
+
     try:
         check_timeout("timeout", args.timeout)
         check_output(args.out)

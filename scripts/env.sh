@@ -20,14 +20,27 @@ if [ ! -f "$venv/.complete" ]; then
   if [ ! -f "$venv/.complete" ]; then
     log="$venv.install.log"
     echo "ddpbench: installing the pinned environment into $venv (first run only; a few minutes)" >&2
-    rm -rf "$venv"
-    if ! { "$python_bin" -m venv "$venv" &&
-           "$venv/bin/python" -m pip install --disable-pip-version-check --upgrade pip &&
-           "$venv/bin/python" -m pip install --disable-pip-version-check -r "$repo_root/requirements.txt"; } >"$log" 2>&1; then
+    rm -rf "$venv" "$log"
+    # The install's steps; extra arguments go to both pip commands.
+    _ddpbench_install() {
+      "$python_bin" -m venv "$venv" &&
+        "$venv/bin/python" -m pip install --disable-pip-version-check "$@" --upgrade pip &&
+        "$venv/bin/python" -m pip install --disable-pip-version-check "$@" -r "$repo_root/requirements.txt"
+    }
+    if [ -t 2 ]; then
+      # On a terminal pip shows its own progress (a line per package, bars for the ~6 GB of downloads and
+      # installs), on stderr so that a command's output stays its own; pip's detailed log goes to $log.
+      if ! _ddpbench_install --log "$log" >&2; then
+        echo "ddpbench: installing the environment failed (above); pip's detailed log is in $log" >&2
+        exit 1
+      fi
+    elif ! _ddpbench_install >"$log" 2>&1; then
+      # Not a terminal (CI, tests, a job's log): quiet, and the end of the log where it fails.
       tail -n 30 "$log" >&2
       echo "ddpbench: installing the environment failed; the whole log is in $log" >&2
       exit 1
     fi
+    unset -f _ddpbench_install
     # Marks a finished install: an interrupted one is redone instead of half-used.
     touch "$venv/.complete"
   fi

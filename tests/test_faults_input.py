@@ -129,8 +129,10 @@ def test_a_file_that_is_not_python_is_refused_quoting_the_contract(tmp_path, cap
 
 def test_a_transformers_value_its_model_cannot_use_names_the_field(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
+    # (token ids inside the small vocabulary: else transformers warns of them, on lines of its own)
     refused(capsys, ["run", "--model", "transformers:gpt2", "--model-config",
-                     "n_layer=1,n_embd=32,n_head=2,vocab_size=100,activation_function=x", *FAST, "--out", str(out)],
+                     "n_layer=1,n_embd=32,n_head=2,vocab_size=100,bos_token_id=0,eos_token_id=0,activation_function=x",
+                     *FAST, "--out", str(out)],
             r"--model-config activation_function='x' for 'transformers:gpt2': the model cannot be built or run "
             r"with it .*KeyError: 'x'", out)
 

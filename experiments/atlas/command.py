@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.atlas import plan, runner, tables
+# runner (the measuring) imports torch: the functions below import it, so that parsing options does not.
+from experiments.atlas import plan, tables
 from experiments.atlas.figure import heat_map
 from experiments.core.config import ConfigError, validate_network
 
@@ -49,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve(args: argparse.Namespace) -> tuple[Path, list[plan.Block]]:
     """The output folder and the blocks to measure; ConfigError for any bad input, before any process starts."""
     from experiments.args import check_folder, check_positive
+    from experiments.atlas import runner
 
     defaults = plan.QUICK if args.quick else plan.FULL
     out = args.out or REPO / "results" / ("atlas-quick" if args.quick else "atlas")
@@ -84,6 +86,7 @@ def resolve(args: argparse.Namespace) -> tuple[Path, list[plan.Block]]:
 
 def write_results(out: Path) -> list[str]:
     """atlas.csv, atlas.md and atlas.png from out/records.jsonl; returns the paths written."""
+    from experiments.atlas import runner
     from experiments.core.records import read_records
 
     table = tables.rows(out / runner.RECORDS)
@@ -118,6 +121,8 @@ def write_results(out: Path) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Check the request, measure its blocks, write the tables and figure; 0 ok, 1 a block failed, 2 bad input."""
+    from experiments.atlas import runner
+
     try:
         out, blocks = resolve(args)
     except ConfigError as error:

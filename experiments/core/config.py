@@ -10,8 +10,6 @@ import os
 import re
 from dataclasses import dataclass, fields
 
-from ddp_core.hooks import HOOKS
-
 IMPLS = ("ddp_core", "ddp_core_no_overlap", "torch")
 COMPUTE = ("real", "emulated")
 BACKENDS = ("nccl", "gloo", "mpi")
@@ -74,6 +72,9 @@ _boolean.__name__ = "boolean (true or false)"
 _TYPES = {"str": str, "int": int, "float": float, "bool": _boolean}
 # torch.compile's modes (`default` is its default mode); `none` runs the model as it is.
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# The names of ddp_core.hooks.HOOKS, spelled out so that checking --comm-hook and showing it in --help
+# import no torch (tests/test_cli_start_up.py checks that the two agree).
+HOOK_NAMES = ("allreduce", "fp16", "bf16")
 # Hooks of PyTorch's that the harness registers with a state of their own (ddp_core's hooks: ddp_core.hooks).
 TORCH_HOOKS = ("powersgd",)
 
@@ -112,7 +113,7 @@ def check_config(config: RunConfig, gpu_count: int | None = None) -> None:
         raise ConfigError("--amp fp16 needs --device cuda: float16 training needs a gradient scaler, which "
                           "ddpbench uses on GPUs only, and CPUs compute float16 slowly; use --amp bf16 on the CPU")
     _one_of("impl", config.impl, IMPLS)
-    _one_of("comm-hook", config.comm_hook, ["none", *HOOKS, *TORCH_HOOKS])
+    _one_of("comm-hook", config.comm_hook, ["none", *HOOK_NAMES, *TORCH_HOOKS])
     for name, minimum in (("world_size", 1), ("sync_every", 1), ("process_groups", 1), ("batch_size", 1),
                           ("image_size", 8), ("seq_len", 2), ("iters", 1), ("warmup", 0), ("threads", 1)):
         value = getattr(config, name)

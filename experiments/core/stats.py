@@ -18,8 +18,9 @@ import math
 import statistics
 
 import numpy as np
-from scipy.stats import binom, bootstrap, false_discovery_control, ttest_1samp
-from scipy.stats import t as t_distribution
+
+# scipy.stats is imported in the functions that use it: it takes ~0.3 s, and the command line imports
+# this module (through compare) only to parse its options.
 
 
 # The fewest samples a tail quantile is estimated from: at least two samples beyond it (2 / (1 - q)).
@@ -30,6 +31,8 @@ MIN_SAMPLES = {"p90": 20, "p95": 40}
 def median_interval(samples: list[float], confidence: float = 0.95) -> list[float] | None:
     """A distribution-free confidence interval of the median from order statistics (the binomial
     count of samples below it); None with fewer than 6 samples, where no pair of them reaches 95%."""
+    from scipy.stats import binom
+
     x = np.sort(np.asarray(samples, dtype=float))
     n = x.size
     if n < 6:
@@ -58,6 +61,8 @@ def ratio_of_medians(numerator: list[float], denominator: list[float], confidenc
     """median(numerator) / median(denominator), with a percentile-bootstrap confidence interval, and the
     bootstrap's two-sided p-value of the ratio being `null` (twice the share of resampled ratios on the
     far side of it; at least 1/resamples)."""
+    from scipy.stats import bootstrap
+
     result = bootstrap(
         (np.asarray(numerator), np.asarray(denominator)),
         lambda a, b: np.median(a) / np.median(b),
@@ -124,6 +129,8 @@ def paired_ratio(numerator_rounds: list[list[float]], denominator_rounds: list[l
 
 def geometric_mean_ratio(ratios: list[float], confidence: float = 0.99) -> dict:
     """The geometric mean of independent ratios, with a t confidence interval on their logs (>= 2)."""
+    from scipy.stats import ttest_1samp
+
     if len(ratios) < 2:
         raise ValueError(f"a t interval needs at least 2 ratios, got {len(ratios)}")
     logs = np.log(ratios)
@@ -145,6 +152,8 @@ def launch_ratio(numerator_medians: list[float], denominator_medians: list[float
     per side and no stored drift): nothing can say how far two launches stray. `p`: the two-sided
     p-value of the ratio being `null`.
     """
+    from scipy.stats import t as t_distribution
+
     logs = [np.log(np.asarray(side, dtype=float)) for side in (numerator_medians, denominator_medians)]
     own_df = sum(x.size - 1 for x in logs)
     squares = sum(float(((x - x.mean()) ** 2).sum()) for x in logs)
@@ -174,4 +183,6 @@ def holm(p_values: list[float]) -> list[float]:
 
 def benjamini_hochberg(p_values: list[float]) -> list[float]:
     """Benjamini-Hochberg adjusted p-values (false discovery rate control over many tests at once; scipy's)."""
+    from scipy.stats import false_discovery_control
+
     return [float(p) for p in false_discovery_control(p_values)] if p_values else []

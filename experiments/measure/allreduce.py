@@ -14,9 +14,7 @@ import itertools
 import statistics
 import time
 from dataclasses import dataclass
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from experiments.args import add_network_arguments, parse_network_arguments
 from experiments.core.config import (
@@ -28,7 +26,9 @@ from experiments.core.config import (
     validate_backend,
     validate_network,
 )
-from experiments.measure.harness import rank_device
+
+if TYPE_CHECKING:
+    import torch
 
 MODES = ("granularity", "size")
 DEFAULT_PER_CALL = "1000,10000,100000,1000000,10000000,60000000"
@@ -105,6 +105,12 @@ def resolve(args: argparse.Namespace) -> list[AllreduceConfig]:
 
 def measure(rank: int, world_size: int, fields: dict) -> dict:
     """On one rank: time `reps` repetitions of the row; count wrong elements afterwards."""
+    # torch is imported here, in the ranks: the command line imports this module only to parse its options.
+    import torch
+    import torch.distributed as dist
+
+    from experiments.measure.harness import rank_device
+
     row = AllreduceConfig(**fields)
     device = rank_device(rank, row.device)
     flat = torch.empty(row.total_elements, dtype=torch.float32, device=device)
@@ -128,6 +134,8 @@ def measure(rank: int, world_size: int, fields: dict) -> dict:
 
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
+        import torch
+
         torch.cuda.synchronize(device)
 
 

@@ -15,8 +15,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 PROFILES = ("smoke", "quick", "full")
 PROFILE_FILE = "profile.json"  # beside the records: which profile measured each experiment (the report says)
 
@@ -36,6 +34,8 @@ class Step:
 
 def default_profile() -> str:
     """full where GPUs exist, quick on CPUs."""
+    import torch  # seconds to import: not when the command line is only being parsed
+
     return "full" if torch.cuda.is_available() else "quick"
 
 

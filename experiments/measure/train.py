@@ -15,12 +15,8 @@ import dataclasses
 import itertools
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-from torch import nn
-
-from ddp_core import DistributedDataParallel
 from experiments.args import add_network_arguments, check_positive, parse_network_arguments
 from experiments.core.config import (
     BACKENDS,
@@ -31,7 +27,9 @@ from experiments.core.config import (
     validate_backend,
     validate_network,
 )
-from experiments.measure.harness import rank_device
+
+if TYPE_CHECKING:
+    from torch import nn
 
 IN_FEATURES, HIDDEN, CLASSES = 32, 64, 10
 
@@ -92,11 +90,21 @@ def resolve(args: argparse.Namespace) -> list[TrainConfig]:
 
 def mlp() -> nn.Module:
     """The architecture of teacher and student."""
+    from torch import nn
+
     return nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, CLASSES))
 
 
 def train(rank: int, world_size: int, fields: dict) -> dict:
     """On one rank: train the student; return the rank-averaged loss per iteration and held-out accuracy."""
+    # torch is imported here, in the ranks: the command line imports this module only to parse its options.
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from ddp_core import DistributedDataParallel
+    from experiments.measure.harness import rank_device
+
     config = TrainConfig(**fields)
     device = rank_device(rank, config.device)
     torch.manual_seed(12345)  # the teacher is the same for every config: the task must not change with n

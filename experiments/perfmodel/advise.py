@@ -22,13 +22,13 @@ from experiments.core.config import ConfigError, RunConfig, default_backend_and_
 from experiments.core.machine import machine_name
 from experiments.core.records import read_records
 from experiments.measure.configs import expand_grid
-from experiments.perfmodel import probe
-from experiments.perfmodel import profiler as profiling
 from experiments.perfmodel.comm import CLUSTERS, CommModel
 from experiments.perfmodel.devices import Device, families, mismatch_warnings
 from experiments.perfmodel.predict import comm_model
 from experiments.perfmodel.report import build_report, format_markdown, format_terminal, write_outputs
 
+# probe.py and profiler.py (the measuring, in the ranks) import torch: they are imported where used, so that
+# the command line can import this module to parse its options without them.
 SINGLE = ("model", "model_config", "amp", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup",
           "device")
 
@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve(args: argparse.Namespace) -> RunConfig:
     """The profile's config, validated (ConfigError naming a bad value)."""
+    from experiments.perfmodel import profiler as profiling
+
     _backend, device = default_backend_and_device()
     lists = {name: parse_list(name, getattr(args, name)) for name in SINGLE if getattr(args, name, None) is not None}
     for name, values in lists.items():
@@ -100,6 +102,9 @@ def network(args: argparse.Namespace, config: RunConfig) -> CommModel:
 
 def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     """On each copy: the probes, then (for a model every parameter of which gets a gradient) the profile."""
+    from experiments.perfmodel import probe
+    from experiments.perfmodel import profiler as profiling
+
     probes = probe.measure(rank, world_size, config_fields)
     if probes["unused"]:
         return {"probes": probes}
@@ -108,6 +113,8 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
 
 def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
     """A profile record (see profile.make_record) with the slowest copy's probes under `probes`."""
+    from experiments.perfmodel import profiler as profiling
+
     probes = [r.pop("probes") for r in per_rank]
     if probes[0]["unused"]:
         names = probes[0]["unused"]

@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 
 @dataclass(frozen=True)
@@ -120,6 +119,8 @@ def fit(records: list[dict], backend: str, device: str, world_size: int | None =
     least-squares fit weighs every record by 1/time, i.e. minimises relative errors, so that the
     small messages (latency-bound) count as much as the large ones; alpha and beta are kept >= 0.
     """
+    from scipy.optimize import nnls  # here, not at the top: the command line imports this module for CLUSTERS
+
     mine = [r for r in records if r.get("kind") == "allreduce" and r["status"] == "ok"
             and r["config"]["backend"] == backend and r["config"]["device"] == device and r["config"]["world_size"] >= 2
             and r["config"].get("link", "none") == "none"]  # (records over emulated links measure the link)

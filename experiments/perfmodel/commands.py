@@ -45,7 +45,6 @@ from experiments.perfmodel.predict import (
     prediction_caveats,
     with_interference,
 )
-from experiments.perfmodel.profiler import profile_config
 from experiments.perfmodel.uncertainty import model_error, within_error
 from experiments.perfmodel.simulate import Schedule
 
@@ -70,6 +69,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve(args: argparse.Namespace) -> list[RunConfig]:
     """The configs to profile (world size = co-located copies, each a world of one), validated."""
+    from experiments.perfmodel.profiler import profile_config  # imports torch: not to parse the options
+
     _, default_device = default_backend_and_device()
     lists = {name: parse_list(name, getattr(args, name)) for name in PROFILED if getattr(args, name) is not None}
     lists.setdefault("device", [default_device])

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import functools
 
-import torch
-from torch.utils.flop_counter import FlopCounterMode
-
 from experiments.measure.workloads import spec as model_spec
 
 
@@ -60,6 +57,10 @@ def _counted(workload, model: str, batch_size: int, image_size: int, seq_len: in
 
 def _count(workload, batch_size: int, image_size: int, seq_len: int, device: str) -> int:
     """Build on `device`, then count one forward (the loss) and its backward."""
+    # torch is imported only to count: the command line imports this module (through gpus) to parse options.
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
     with torch.device(device):
         model = workload.build()
     batch = workload.make_batch(model, batch_size, image_size, seq_len, torch.Generator().manual_seed(0))

@@ -12,7 +12,6 @@ import json
 import statistics
 from pathlib import Path
 
-from ddp_core.bucketing import TensorSpec, assign_buckets
 from experiments.core.profile import Profile
 from experiments.perfmodel.comm import CommModel, Link
 from experiments.perfmodel.devices import device_warnings
@@ -24,7 +23,6 @@ from experiments.perfmodel.predict import (
     near_best,
     predict_rows,
 )
-from experiments.perfmodel.probe import medians
 from experiments.perfmodel.simulate import Schedule, simulate
 from experiments.perfmodel.uncertainty import extrapolation, format_interval, model_error, within_error
 
@@ -44,6 +42,9 @@ def compressed(comm: CommModel) -> CommModel:
 def bucket_layout(profile: Profile, names: list[str], order: list[int], cap_mb: float = 25.0) -> list[dict]:
     """Buckets of `cap_mb` over parameters taken in `order`: size, when their first and last gradient
     are ready (ms after backward starts), how long the bucket waits for its last one, and which it is."""
+    # ddp_core's package imports torch (seconds); the command line imports this module only to parse options.
+    from ddp_core.bucketing import TensorSpec, assign_buckets
+
     specs = [TensorSpec(n, dtype) for n, dtype in zip(profile.nbytes, profile.dtypes)]
     rows = []
     for index, members in enumerate(assign_buckets(specs, order, cap_mb, 1.0)):
@@ -62,6 +63,8 @@ def _figure(figures: list, what: str, value: str, kind: str, number: float | Non
 
 def build_report(record: dict, comm: CommModel, args, profile_path: Path | None) -> dict:
     """Every figure of the report, from the advise record (profile + probes) and the network."""
+    from experiments.perfmodel.probe import medians  # imports torch: not when the command line parses options
+
     c = record["config"]
     probes = medians(record["probes"])
     size = record.get("model_size") or record["probes"].get("model_size") or {}

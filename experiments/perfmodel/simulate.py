@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddp_core.bucketing import TensorSpec, assign_buckets
 from experiments.core.profile import Profile
 from experiments.perfmodel.comm import CommModel
 
@@ -55,6 +54,9 @@ class Prediction:
 
 def buckets_of(profile: Profile, bucket_mb: float, first_bucket_mb: float) -> list[list[int]]:
     """ddp_core's buckets for this profile: parameters in the order their gradients arrived."""
+    # ddp_core's package imports torch (seconds); the command line imports this module only to parse options.
+    from ddp_core.bucketing import TensorSpec, assign_buckets
+
     order = sorted(range(len(profile.ready)), key=profile.ready.__getitem__)
     specs = [TensorSpec(n, dtype) for n, dtype in zip(profile.nbytes, profile.dtypes)]
     return assign_buckets(specs, order, bucket_mb, first_bucket_mb)

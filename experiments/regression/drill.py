@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=10, help="A/Bs against each regression (default 10)")
     parser.add_argument("--same", type=int, default=20, help="A/Bs of the base against itself (default 20)")
     parser.add_argument("--lock", default=LOCK, help=f"flock file held per round and per A/B ('' for none; default {LOCK})")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "benchmarks" / f"drill-{machine_name()}.json",
+    # The default names this machine, which takes torch to find out: check() fills it in, not the parser.
+    parser.add_argument("--out", type=Path, default=None,
                         help="summary JSON (rewritten as it goes; resumed); Markdown and raw records beside it")
     parser.add_argument("--repo", type=Path, default=ROOT, help=argparse.SUPPRESS)
 
@@ -75,6 +76,8 @@ def check(args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
                                  ("same", args.same, 0)):
         if value < minimum:
             raise ConfigError(f"--{flag}={value} is not allowed; it must be >= {minimum}")
+    if args.out is None:
+        args.out = ROOT / "results" / "benchmarks" / f"drill-{machine_name()}.json"
     check_output(args.out)
     if any(PRESETS[p]["grid"].get("link", ["none"]) != ["none"] for p in presets):
         from experiments.emulate import network

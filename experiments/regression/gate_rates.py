@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 
-from scipy.stats import beta
-
 from experiments.core.stats import geometric_mean_ratio, holm
 
 CONFIDENCE = 0.99  # ab's
@@ -24,6 +22,8 @@ EDGES = (0.005, 0.015, 0.025, 0.04, 0.075, 0.15)  # bin edges around them
 
 def upper_bound(flagged: int, runs: int, confidence: float = 0.95) -> float:
     """The exact one-sided upper confidence bound of a rate seen `flagged` times in `runs`."""
+    from scipy.stats import beta  # here: the command line imports this module (through drill) to parse options
+
     return 1.0 if flagged >= runs else float(beta.ppf(confidence, flagged + 1, runs - flagged))
 
 

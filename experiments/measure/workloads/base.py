@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-TORCHVISION, TRANSFORMERS = "torchvision:", "transformers:"
+from experiments.measure.workloads import TORCHVISION, TRANSFORMERS  # noqa: F401 (the kinds import them from here)
 # What the harness does with a workload's functions (harness.build, harness.train_step): it calls
 # `.to(device)` on every value of the batch and `.backward()` on the loss.
 MAKE_BATCH_CONTRACT = ("make_batch(model, batch_size, image_size, seq_len, generator) -> dict of str -> torch.Tensor "

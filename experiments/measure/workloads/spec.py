@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import TYPE_CHECKING
 
-from experiments.measure.workloads import WORKLOADS, torchvision_any, transformers_any, user_file, workload
-from experiments.measure.workloads.base import TORCHVISION, TRANSFORMERS, Workload
+from experiments.measure.workloads import TORCHVISION, TRANSFORMERS, WORKLOADS, workload
+
+if TYPE_CHECKING:
+    from experiments.measure.workloads.base import Workload
 
 MODEL_HELP = "torchvision:NAME, transformers:TYPE, path/to/file.py or package.module (docs/your-model.md)"
 
@@ -65,6 +68,8 @@ def load(spec: str, model_config: str = "", image_size: int = 64, seq_len: int =
     still have that content (a file edited during a sweep must not be measured under the old label)."""
     what = kind(spec)
     if what == "builtin":
+        from experiments.measure.workloads.base import Workload
+
         family = workload(spec)
         return Workload(spec, family.MODELS[spec], family.make_batch, family.loss)
     loaded = _module_for(what).load(spec, parse_model_config(model_config), image_size, seq_len)
@@ -75,6 +80,10 @@ def load(spec: str, model_config: str = "", image_size: int = 64, seq_len: int =
 
 
 def _module_for(what: str):
+    # The kinds import torch (and torchvision): imported once a spec is checked or loaded, not when the
+    # command line imports this module to parse its options.
+    from experiments.measure.workloads import torchvision_any, transformers_any, user_file
+
     return {"torchvision": torchvision_any, "transformers": transformers_any, "user": user_file}[what]
 
 
