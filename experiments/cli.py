@@ -49,6 +49,9 @@ def _add_list_params(parser: argparse.ArgumentParser, names: list[str]) -> None:
         allowed = f" of {', '.join(ALLOWED[name])}" if name in ALLOWED else ""
         if name == "link":
             allowed = " of none (loopback) or link rates such as 1gbit (emulated hosts; needs root)"
+        if name == "impl":
+            allowed = (" of torch (PyTorch's DistributedDataParallel), ddp_core (this project's rebuild of the paper's "
+                       "system), ddp_core_no_overlap (ddp_core reducing after backward)")
         if name == "model_config":
             allowed = (" key=value pairs for --model (configuration fields of transformers:, builder keywords of "
                        "torchvision: and of a user file's build_model); several configurations separated by ';'")

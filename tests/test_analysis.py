@@ -106,7 +106,7 @@ def test_repeats_of_one_config_that_disagree_are_listed():
     from experiments.core.config import RunConfig
 
     def frame(*rows):
-        return pd.DataFrame([{**dataclasses.asdict(RunConfig(**config)), "latency_s": samples}
+        return pd.DataFrame([{**dataclasses.asdict(RunConfig(**{"impl": "ddp_core", **config})), "latency_s": samples}
                              for config, samples in rows])
 
     fast, slow, noisy = [0.057, 0.058, 0.059, 0.058], [0.145, 0.146, 0.147, 0.146], [0.03, 0.05, 0.1, 0.2]

@@ -213,13 +213,19 @@ def _predicted(report: dict, profile: Profile, comm: CommModel, n: int, names: l
                "; mean per iteration, one optimizer step per cycle")
 
 
+# The options advised on are those of PyTorch's DDP, which ddp_core takes too (a drop-in): the profile measures
+# compute and when each gradient is ready (profiler.py), which do not depend on the DDP that reduces them.
+FOR_WHOM = ("advice for PyTorch's DistributedDataParallel (bucket_cap_mb, find_unused_parameters, "
+            "gradient_as_bucket_view, comm hooks); ddp_core takes the same options")
+
+
 def format_terminal(report: dict) -> str:
     """The report as plain text: what was profiled, the figures, the bucket layout."""
     width = max(len(f["figure"]) for f in report["figures"])
     lines = [f"ddpbench advise: {report['model']}"
              + (f" ({report['model_config']})" if report["model_config"] else "")
              + (f", amp {report['amp']}" if report["amp"] != "none" else ""),
-             f"network: {report['network']} ({report['network_source']})", str(report["profile"])]
+             FOR_WHOM, f"network: {report['network']} ({report['network_source']})", str(report["profile"])]
     lines += [report["interference"]] if report.get("interference") else []
     lines += [""]
     # Warnings first: a figure read before its caveat misleads (a CPU profile on a GPU cluster, ...).
@@ -243,7 +249,7 @@ def format_markdown(report: dict) -> str:
     lines = [f"# ddpbench advise: `{report['model']}`", ""]
     if report["model_config"]:
         lines += [f"- model configuration: `{report['model_config']}`"]
-    lines += [f"- amp: {report['amp']}", f"- network: {report['network']} ({report['network_source']})",
+    lines += [f"- {FOR_WHOM}", f"- amp: {report['amp']}", f"- network: {report['network']} ({report['network_source']})",
               f"- {report['profile']}"] + ([f"- {report['interference']}"] if report.get("interference") else []) + [""]
     lines += [f"> warning: {w}" for w in report["warnings"]] + ([""] if report["warnings"] else [])
     lines += ["| figure | value | |", "|---|---|---|"]
