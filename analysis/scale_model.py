@@ -80,7 +80,9 @@ def scale_runs() -> pd.DataFrame:
     busy = frame["timing"].apply(lambda t: t.get("cores_busy"))
     return frame.assign(p50_ms=1e3 * frame["summary_p50"], cores_busy=busy, busy_share=busy / cores,
                         faithful=busy / cores <= BUSY_LIMIT,
-                        rank_memory_mb=frame["timing"].apply(lambda t: t.get("max_rss_mb")))
+                        # older records kept the ranks' lifetime peak in timing, newer a peak per config
+                        rank_memory_mb=frame["peak_memory_mb"].fillna(
+                            frame["timing"].apply(lambda t: t.get("max_rss_mb"))))
 
 
 def intra_host_table(dilation: float) -> pd.DataFrame:

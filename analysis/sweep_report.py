@@ -79,7 +79,7 @@ def derived(frame: pd.DataFrame, parameters: list[str]) -> dict[str, str]:
 
 def baseline_row(frame: pd.DataFrame, parameters: list[str]) -> int:
     """The baseline config: the one whose varied parameters hold ddpbench's defaults where it can (25 MB
-    buckets, ddp_core, sync every iteration ...), else their first values in the records."""
+    buckets, PyTorch's DDP, sync every iteration ...), else their first values in the records."""
     def score(row) -> int:
         return sum(str(row[p]) == str(getattr(DEFAULTS, p)) for p in parameters)
 
@@ -97,13 +97,16 @@ def _text(value) -> str:
 
 
 def summary_table(frame: pd.DataFrame, parameters: list[str], base: int) -> pd.DataFrame:
-    """Each config's median, IQR, throughput and latency ratio to the baseline config (95% interval)."""
+    """Each config's median, IQR, throughput, peak memory per rank and latency ratio to the baseline config
+    (95% interval)."""
     rows = []
     for index, row in frame.iterrows():
         ratio = ratio_of_medians(row["latency_s"], frame.loc[base, "latency_s"])
         rows.append({**{p: row[p] for p in parameters}, "median_ms": row["median"] * 1e3,
                      "q25_ms": row["q25"] * 1e3, "q75_ms": row["q75"] * 1e3,
-                     "samples_per_s": row.get("summary_throughput"), "ratio_to_baseline": ratio["ratio"],
+                     "samples_per_s": row.get("summary_throughput"),
+                     # the largest rank's peak over the measured iterations (None: records before it existed)
+                     "peak_mb_per_rank": row.get("peak_memory_mb"), "ratio_to_baseline": ratio["ratio"],
                      "ci_low": ratio["ci"][0], "ci_high": ratio["ci"][1], "baseline": index == base})
     return pd.DataFrame(rows)
 

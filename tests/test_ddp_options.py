@@ -45,7 +45,7 @@ def test_options_are_lists_and_a_bad_value_is_refused(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     for argv, needle in ((["--static-graph", "maybe"], "--static-graph: 'maybe' is not a valid boolean (true or false)"),
                          (["--compile", "fast"], "--compile='fast' is not allowed; choose one of none, default"),
-                         (["--comm-hook", "powersgd", "--process-groups", "2"], "PowerSGD's state holds one process"),
+                         (["--impl", "ddp_core", "--comm-hook", "powersgd", "--process-groups", "2"], "PowerSGD's state holds one process"),
                          (["--powersgd-rank", "0", "--comm-hook", "powersgd"], "--powersgd-rank=0 is not allowed")):
         assert main(["run", *argv, "--out", str(out)]) == 2
         assert needle in capsys.readouterr().err

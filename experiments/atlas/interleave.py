@@ -48,6 +48,7 @@ def measure_block(rank: int, world_size: int, variants: dict[str, dict], session
     import torch.distributed as dist
 
     from experiments.measure import harness
+    from experiments.measure.memory import released_by
 
     cpu_start = time.process_time()
     configs = {name: RunConfig(**fields) for name, fields in variants.items()}
@@ -60,7 +61,8 @@ def measure_block(rank: int, world_size: int, variants: dict[str, dict], session
         started = time.perf_counter()
         trainees[name] = harness.build(rank, configs[name])
         build_s[name] = time.perf_counter() - started
-    clock = harness.Clock(trainees[names[0]].device)
+    device = trainees[names[0]].device
+    clock = harness.Clock(device)
 
     def iteration(name: str) -> float:
         t = trainees[name]
@@ -80,11 +82,18 @@ def measure_block(rank: int, world_size: int, variants: dict[str, dict], session
             local[name].append(iteration(name))
     # An iteration takes as long as its slowest rank: gather every variant's times in one go.
     slowest = harness.slowest_per_iteration([s for name in names for s in local[name]])
+    observed = {name: observe(trainees[name].ddp) for name in names}
+    # What each replica held once trained (weights, gradients, DDP's buckets, optimizer and hook state): the
+    # memory per option, as what deleting it gives back. Every rank deletes in the same order (a DDP's
+    # destructor may talk to its process group).
+    held = {name: released_by(lambda: trainees.pop(name), device) for name in names}
     setup = [None] * dist.get_world_size()
-    dist.all_gather_object(setup, {"warmup_s": warmup_s, "build_s": build_s, "cpu_s": time.process_time() - cpu_start})
+    dist.all_gather_object(setup, {"warmup_s": warmup_s, "build_s": build_s, "held_mb": held,
+                                   "cpu_s": time.process_time() - cpu_start})
     ranks_cpu_s = sum(s["cpu_s"] for s in setup)
     return {name: {"latency_s": slowest[i * rounds:(i + 1) * rounds], "positions": positions[name],
                    "warmup_s": max(s["warmup_s"][name] for s in setup), "build_s": max(s["build_s"][name] for s in setup),
-                   "observed": observe(trainees[name].ddp), "ranks_cpu_s": ranks_cpu_s}
+                   "held_mb": max(s["held_mb"][name] for s in setup), "observed": observed[name],
+                   "ranks_cpu_s": ranks_cpu_s}
             for i, name in enumerate(names)}
 

@@ -117,7 +117,8 @@ def run(blocks: list[Block], out_dir: Path, resume: bool, timeout: float, echo: 
                     "summary": summarize(result["latency_s"], config.batch_size * config.world_size), "env": env,
                     "atlas": {"model": block.model, "variant": variant, "block": block.name, "session": session,
                               "positions": result["positions"], "observed": result["observed"],
-                              "build_s": result["build_s"], "warmup_s": result["warmup_s"], "block_wall_s": wall,
+                              "build_s": result["build_s"], "warmup_s": result["warmup_s"], "held_mb": result["held_mb"],
+                              "block_wall_s": wall,
                               "other_load": other}})
             counts["failed" if wrong else "ok"] += 1
             echo(f"[{index}/{len(todo)}] " + (f"FAILED {block.model} link={block.link} {block.name}: {status['error']}"

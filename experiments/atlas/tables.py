@@ -21,7 +21,8 @@ from experiments.core.stats import benjamini_hochberg, paired_ratio
 CONFIDENCE = 0.95
 FALSE_DISCOVERY_RATE = 0.05
 COLUMNS = ["link", "model", "option", "ratio", "ci_low", "ci_high", "excludes_1", "p", "q_bh", "significant",
-           "option_p50_ms", "default_p50_ms", "rounds", "block", "session", "status"]
+           "option_p50_ms", "default_p50_ms", "rounds", "option_held_mb", "default_held_mb", "memory_mb", "block",
+           "session", "status"]
 
 
 def latest_records(records: Path) -> dict[tuple, dict]:
@@ -46,8 +47,13 @@ def rows(records: Path) -> list[dict]:
         session = record["atlas"]["session"]
         row = {"link": link, "model": model, "option": variant, "block": record["atlas"]["block"], "session": session,
                "status": record.get("status"), "ratio": None, "ci_low": None, "ci_high": None, "excludes_1": None,
-               "p": None, "q_bh": None, "significant": None, "option_p50_ms": None, "default_p50_ms": None, "rounds": None}
+               "p": None, "q_bh": None, "significant": None, "option_p50_ms": None, "default_p50_ms": None, "rounds": None,
+               "option_held_mb": None, "default_held_mb": None, "memory_mb": None}
         default = by_session.get((session, DEFAULT))
+        if default is not None:  # what each replica holds once trained (records before it existed: none)
+            mine_mb, base_mb = record["atlas"].get("held_mb"), default["atlas"].get("held_mb")
+            if mine_mb is not None and base_mb is not None:
+                row.update(option_held_mb=mine_mb, default_held_mb=base_mb, memory_mb=mine_mb - base_mb)
         if record.get("status") == "ok" and default is not None and default.get("status") == "ok":
             mine, base = record["latency_s"], default["latency_s"]
             ratio = paired_ratio([[x] for x in mine], [[x] for x in base], confidence=CONFIDENCE)
@@ -112,4 +118,25 @@ def markdown(table: list[dict]) -> str:
             default = f"{statistics.median(medians):.0f}" if medians else "-"
             lines.append(f"| {model} | {default} | " + " | ".join(cell(found.get((model, o))) for o in options) + " |")
         parts.append("\n".join(lines))
+        if any(r["memory_mb"] is not None for r in mine):
+            parts.append(memory_markdown(mine, models, options))
     return "\n\n".join(parts) + "\n"
+
+
+def memory_cell(row: dict | None) -> str:
+    """A memory cell: what the option's replica holds more (+) or less (-) than the default's, in MB."""
+    return "-" if row is None or row["memory_mb"] is None else f"{row['memory_mb']:+.1f}"
+
+
+def memory_markdown(mine: list[dict], models: list[str], options: list[str]) -> str:
+    """One network's memory table: a row per model (what the default's replica holds), a column per option
+    (its replica's difference). One measurement per block, on the slowest-holding rank: differences of
+    a few MB are within the allocator's noise."""
+    found = {(r["model"], r["option"]): r for r in mine}
+    lines = ["Memory a replica holds once trained, per rank (MB; option minus default):", "",
+             "| model | default (MB) | " + " | ".join(options) + " |", "|---|---:|" + "---:|" * len(options)]
+    for model in models:
+        held = [r["default_held_mb"] for r in mine if r["model"] == model and r["default_held_mb"] is not None]
+        default = f"{statistics.median(held):.0f}" if held else "-"
+        lines.append(f"| {model} | {default} | " + " | ".join(memory_cell(found.get((model, o))) for o in options) + " |")
+    return "\n".join(lines)

@@ -210,6 +210,8 @@ def load_records(path: Path | str, kind: str = "run"):
         # (version 1 records also store `breakdown_s`, by an older rule: left out)
         row.update({f"{k}": v for k, v in record.items() if k not in ("config", "summary", "breakdown_s", "env")})
         row.update({f"summary_{k}": v for k, v in (record.get("summary") or {}).items()})
+        # the largest rank's peak over the measured iterations (records before it existed: None)
+        row["peak_memory_mb"] = (record.get("memory") or {}).get("peak_mb")
         if record.get("phases_s"):  # derived from the raw samples, so that old records follow the same rule
             medians = phase_medians(record["phases_s"], (record.get("config") or {}).get("sync_every", 1))
             row.update({f"{phase}_s": v for phase, v in medians.items()})

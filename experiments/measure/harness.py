@@ -11,7 +11,6 @@ import contextlib
 import functools
 import hashlib
 import os
-import resource
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -29,6 +28,7 @@ from experiments.core.profile import load_compute_profile
 from experiments.emulate import compute as emulated
 from experiments.measure import progress
 from experiments.measure.amp import FULL, Precision
+from experiments.measure.memory import PeakMemory
 from experiments.measure.workloads.base import Workload, model_size
 from experiments.measure.workloads.spec import load as load_workload
 
@@ -276,6 +276,7 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     if torch_logging:  # record PyTorch's runtime stats every iteration (by default: 1-10, then every 100th)
         inner._set_ddp_runtime_logging_sample_rate(1)
     setup_s = time.perf_counter() - setup_start
+    memory = PeakMemory(device)
 
     iterations, timeline, warmup_s = [], None, 0.0
     awaiting_stats = None  # PyTorch's DDP: the last synchronised iteration, whose stats come with the next one
@@ -286,6 +287,7 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
         if observer is not None:
             observer.buckets = {}
         if measured == 0:
+            memory.reset()  # the peak of the measured iterations: a pool's rank ran other configs before
             cpu_start, own_start, measuring_start = busy_cpu_seconds(), time.process_time(), time.perf_counter()
         wall_start = time.perf_counter()
         clock.start()
@@ -334,6 +336,5 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     return {"rank": rank, "setup_s": setup_s, "warmup_s": warmup_s, "iterations": iterations, "cores_busy": cores_busy,
             "load": load,
             "compute": t.compute,
-            # peak resident memory of this rank's process so far (a pool's ranks run config after config)
-            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "memory": memory.read(),
             "digest": parameter_digest(t.model), "timeline": timeline, "model_size": model_size(t.model)}

@@ -74,8 +74,11 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
         # and how many of the machine's cores were busy meanwhile (an emulation is faithful only with idle ones).
         "timing": {"setup_s": max(r["setup_s"] for r in per_rank), "warmup_s": max(r["warmup_s"] for r in per_rank),
                    "measured_s": sum(raw), "config_wall_s": wall_s, "cores_busy": per_rank[0].get("cores_busy"),
-                   "other_cores_busy": other_cores_busy(per_rank),
-                   "max_rss_mb": max(r.get("max_rss_mb", 0) for r in per_rank)},
+                   "other_cores_busy": other_cores_busy(per_rank)},
+        # each rank's peak over the measured iterations (memory.py: how, on this device)
+        "memory": {"peak_mb": max(r["memory"]["peak_mb"] for r in per_rank),
+                   "peak_mb_per_rank": [r["memory"]["peak_mb"] for r in per_rank],
+                   "method": per_rank[0]["memory"]["method"]},
     }
     if k != 1:
         record["raw_latency_s"] = raw
@@ -141,6 +144,8 @@ def summary_line(record: dict, varying: set[str] = frozenset()) -> str:
                 f"{s['accuracy']:.3f}")
     extra = f", {s['throughput']:.1f} samples/s" if "throughput" in s else ""
     extra += f", busbw {s['busbw_GBps']:.2f} GB/s" if "busbw_GBps" in s else ""
+    peak = (record.get("memory") or {}).get("peak_mb")
+    extra += f", peak {peak:.0f} MB/rank" if peak is not None else ""
     check = "" if record.get("correct", True) else "  WRONG"
     # the median's 95% interval over this launch's iterations (order statistics; stats.median_interval)
     interval = f" [{s['p50_ci'][0] * 1e3:.2f}, {s['p50_ci'][1] * 1e3:.2f}]" if s.get("p50_ci") else ""
