@@ -10,10 +10,10 @@
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import math
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no screen
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from markdown_it import MarkdownIt  # noqa: E402
 
 from analysis.common import spread  # noqa: E402
 from experiments.core.config import RunConfig  # noqa: E402
@@ -224,55 +225,66 @@ def figure_for(frame: pd.DataFrame, p: str, parameters: list[str]) -> plt.Figure
     return fig
 
 
+# Markdown's inline markup characters, escaped with a backslash in text that comes from records (config
+# strings such as a model spec, paths): shown as themselves, never as emphasis, code, links, HTML or a
+# table's cell border. `_` only where it could start or end emphasis, so that `bucket_mb` stays readable.
+_MARKUP = re.compile(r"([\\`*\[\]<>|&#])|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+
+
+def escape(text: str) -> str:
+    """`text` as Markdown that shows it literally, on one line (inside a table cell too: `|` becomes `\\|`)."""
+    return _MARKUP.sub(lambda m: "\\" + m.group(0), " ".join(text.splitlines()))
+
+
+def code(text: str) -> str:
+    """`text` as a Markdown code span, fenced with more backticks than any run of them inside it."""
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _inline(line: str) -> str:
+    """A finding as Markdown: the commands it names (`ddpbench drift`) as code, all else escaped, config
+    values included (a backtick in a model spec is shown, not taken for code)."""
+    parts = re.split(r"(`ddpbench [a-z -]+`)", line)
+    return "".join(part if i % 2 else escape(part) for i, part in enumerate(parts))
+
+
 def markdown(table: pd.DataFrame, lines: list[str], figures: dict[str, str], sources: list[Path]) -> str:
     """The report as Markdown: findings, the summary table, the figures."""
     def cell(value) -> str:
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
+        return escape(f"{value:.4g}" if isinstance(value, float) else str(value))
 
-    out = ["# ddpbench sweep report", "", f"Records: {', '.join(f'`{s}`' for s in sources)}. Findings compare throughput (samples/s "
-           "over all ranks) with the baseline config's; the table's ratios are medians of per-iteration latency "
-           "over the baseline's, with a 95% bootstrap interval over iterations (one launch each).", "",
-           "## Findings", ""]
-    out += [f"- {line}" for line in lines] or ["- Nothing varies enough to compare."]
-    out += ["", "## Configs", "", "| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    out = ["# ddpbench sweep report", "", f"Records: {', '.join(code(str(s)) for s in sources)}. Findings compare "
+           "throughput (samples/s over all ranks) with the baseline config's; the table's ratios are medians of "
+           "per-iteration latency over the baseline's, with a 95% bootstrap interval over iterations (one launch "
+           "each).", "", "## Findings", ""]
+    out += [f"- {_inline(line)}" for line in lines] or ["- Nothing varies enough to compare."]
+    out += ["", "## Configs", "", "| " + " | ".join(escape(str(c)) for c in table.columns) + " |",
+            "|" + "---|" * len(table.columns)]
     out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
     out += ["", "## Figures", ""] + [f"![{p}]({name})" for p, name in figures.items()]
     return "\n".join(out) + "\n"
 
 
+# CommonMark with GitHub's tables; raw HTML off, so that any markup in the text is shown escaped, not run.
+_RENDERER = MarkdownIt("commonmark", {"html": False}).enable("table")
+
+STYLE = ("body{font-family:sans-serif;max-width:70em;margin:2em auto}table{border-collapse:collapse}"
+         "th,td{border:1px solid #ccc;padding:2px 6px}th{background:#f4f4f4}img{max-width:100%}")
+
+
 def html_page(text: str, images: dict[str, bytes]) -> str:
-    """One self-contained page: the Markdown's content, with every figure inlined."""
-    body = []
-    for line in text.splitlines():
-        if line.startswith("# "):
-            body.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("## "):
-            body.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("- "):
-            body.append(f"<p>&bull; {html.escape(line[2:])}</p>")
-        elif line.startswith("|") and not line.startswith("|---"):
-            cells = "".join(f"<td>{html.escape(c.strip())}</td>" for c in line.strip("|").split("|"))
-            body.append(f"<tr>{cells}</tr>")
-        elif line.startswith("!["):
-            name = line[line.index("(") + 1:-1]
-            data = base64.b64encode(images[name]).decode()
-            body.append(f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">')
-        elif line.strip():
-            body.append(f"<p>{html.escape(line)}</p>")
-    joined, rows = [], []
-    for part in body:  # table rows into one table
-        if part.startswith("<tr>"):
-            rows.append(part)
-            continue
-        if rows:
-            joined.append("<table>" + "".join(rows) + "</table>")
-            rows = []
-        joined.append(part)
-    if rows:
-        joined.append("<table>" + "".join(rows) + "</table>")
-    style = "body{font-family:sans-serif;max-width:70em;margin:2em auto}td{border:1px solid #ccc;padding:2px 6px}"
+    """One self-contained page: the Markdown rendered by markdown-it-py, with every figure inlined."""
+    tokens = _RENDERER.parse(text)
+    for token in tokens:
+        for child in token.children or []:
+            if child.type == "image" and child.attrGet("src") in images:
+                data = base64.b64encode(images[child.attrGet("src")]).decode()
+                child.attrSet("src", f"data:image/png;base64,{data}")
+    body = _RENDERER.renderer.render(tokens, _RENDERER.options, {})
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>ddpbench sweep report</title>"
-            f"<style>{style}</style></head><body>{''.join(joined)}</body></html>\n")
+            f"<style>{STYLE}</style></head><body>\n{body}</body></html>\n")
 
 
 def write_report(paths: list[Path], out: Path, with_html: bool = False) -> list[str]:

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import asdict, replace
+from html.parser import HTMLParser
 
 import pytest
 
@@ -117,3 +118,129 @@ def test_report_page_is_self_contained_and_renders_in_chromium(tmp_path):
     dom = done.stdout
     assert dom.count('src="data:image/png;base64,') == 2 and dom.count("<tr>") == 5
     assert "bucket_mb 5 has the highest throughput" in dom
+    # as the browser built it: the header row and the four configs in one table, no Markdown left as text
+    (table,) = _Page.of(dom).tables
+    assert table["head"] == [["bucket_mb", "impl", "median_ms", "q25_ms", "q75_ms", "samples_per_s",
+                              "ratio_to_baseline", "ci_low", "ci_high", "baseline"]]
+    assert len(table["body"]) == 4 and all(len(row) == 10 for row in table["body"])
+    assert "|---" not in dom and "`" not in dom
+
+
+class _Page(HTMLParser):
+    """A page's tables (header rows and body rows, each a list of its cells' text), the text of its <code>
+    elements, every tag opened, and all of its text."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.code, self.tags, self.text = [], [], [], []
+        self._part = self._row = self._cell = self._code = None
+
+    @classmethod
+    def of(cls, page: str) -> "_Page":
+        parsed = cls()
+        parsed.feed(page)
+        parsed.close()
+        return parsed
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "table":
+            self.tables.append({"head": [], "body": [], "loose": []})
+            self._part = "loose"
+        elif tag in ("thead", "tbody"):
+            self._part = tag[1:]
+        elif tag == "tr":
+            self._row = []
+            self.tables[-1][self._part].append(self._row)
+        elif tag in ("th", "td"):
+            self._cell = []
+        elif tag == "code":
+            self._code = []
+
+    def handle_endtag(self, tag):
+        if tag in ("th", "td"):
+            self._row.append("".join(self._cell))
+            self._cell = None
+        elif tag == "code":
+            self.code.append("".join(self._code))
+            self._code = None
+
+    def handle_data(self, data):
+        self.text.append(data)
+        for part in (self._cell, self._code):
+            if part is not None:
+                part.append(data)
+
+
+def test_report_page_is_markdown_rendered_one_table_with_its_header(tmp_path):
+    """The page renders the report's Markdown: headings, a list of findings, the table with its header
+    row in <thead> and the configs in <tbody> of the same table, code spans as <code>."""
+    records = tmp_path / "mine.jsonl"
+    _sweep(records)
+    assert main(["report", str(records), "--out", str(tmp_path / "site"), "--html"]) == 0
+    text = (tmp_path / "site" / "index.html").read_text()
+    page = _Page.of(text)
+    assert len(page.tables) == 1, f"{len(page.tables)} tables"
+    (table,) = page.tables
+    assert not table["loose"] and len(table["head"]) == 1 and table["head"][0][:2] == ["bucket_mb", "impl"]
+    assert len(table["body"]) == 4 and all(len(row) == len(table["head"][0]) for row in table["body"])
+    assert {(row[0], row[1]) for row in table["body"]} == {(b, i) for b in ("5", "25")
+                                                          for i in ("ddp_core", "ddp_core_no_overlap")}
+    assert page.tags.count("th") == 10 and page.tags.count("h2") == 3 and page.tags.count("li") >= 3
+    assert str(records) in page.code  # the records' path, a code span in the Markdown
+    shown = "".join(page.text)
+    assert "|---" not in shown and "`" not in shown and "|" not in shown
+
+
+def _untrusted_sweep(path, models):
+    """One config per model spec, each a little slower than the one before."""
+    rng = random.Random(2)
+    for i, model in enumerate(models):
+        config = replace(RunConfig(), model=model)
+        samples = [0.1 * (1 + 0.1 * i) * rng.uniform(0.98, 1.02) for _ in range(20)]
+        append_record(path, {"kind": "run", "status": "ok", "config": asdict(config), "latency_s": samples})
+
+
+UNTRUSTED = ["<script>alert(1)</script>", "file:a|b.py", "x `y` *z* _w_ [l](http://e.x) &amp; <b>"]
+
+
+def test_config_strings_in_the_page_are_text_not_markup(tmp_path):
+    """Model specs holding HTML, a `|`, backticks, `*`, `_`, a link and an entity are shown as they are: no
+    element of theirs, no cell split, no code, emphasis or link."""
+    records = tmp_path / "mine.jsonl"
+    _untrusted_sweep(records, ["resnet-tiny", *UNTRUSTED])
+    assert main(["report", str(records), "--out", str(tmp_path / "site"), "--html"]) == 0
+    text = (tmp_path / "site" / "index.html").read_text()
+    assert "<script" not in text and "<b>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    page = _Page.of(text)
+    assert not {"script", "b", "em", "strong", "a"} & set(page.tags)
+    (table,) = page.tables
+    assert table["head"][0][0] == "model"
+    assert [row[0] for row in table["body"]] == ["resnet-tiny", *UNTRUSTED]
+    assert all(len(row) == len(table["head"][0]) for row in table["body"])
+    # the records' path and the command a finding names are code; a model spec's backticks make none
+    assert page.code == [str(records), "ddpbench drift"]
+    findings = [line for line in "".join(page.text).splitlines() if "has the lowest throughput" in line]
+    assert findings and findings[0].startswith(f"model {UNTRUSTED[-1]} has the lowest throughput")
+
+
+def test_report_page_with_untrusted_config_strings_renders_in_chromium(tmp_path):
+    browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip("no Chromium found (run_tests.sh installs the Debian package `chromium` where it can)")
+    records = tmp_path / "mine.jsonl"
+    _untrusted_sweep(records, ["resnet-tiny", *UNTRUSTED])
+    assert main(["report", str(records), "--out", str(tmp_path / "site"), "--html"]) == 0
+    index = tmp_path / "site" / "index.html"
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    done = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", index.as_uri()], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    assert not console, console  # the page has no script; an injected one would run and could log here
+    page = _Page.of(done.stdout)
+    assert "script" not in page.tags and "b" not in page.tags
+    (table,) = page.tables
+    assert [row[0] for row in table["body"]] == ["resnet-tiny", *UNTRUSTED]
+    assert all(len(row) == len(table["head"][0]) for row in table["body"])
