@@ -92,7 +92,9 @@ def test_help_lists_allowed_values_and_describes_every_option(capsys):
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for allowed in ("bert-base, bert-tiny, resnet-tiny, resnet50",
-                    "ddp_core, ddp_core_no_overlap, torch", "none, allreduce, fp16, bf16", "nccl, gloo, mpi",
+                    "torch (PyTorch's DistributedDataParallel), ddp_core (this project's rebuild of the paper's "
+                    "system), ddp_core_no_overlap (ddp_core reducing after backward); default 'torch'",
+                    "none, allreduce, fp16, bf16", "nccl, gloo, mpi",
                     "cpu, cuda"):
         assert allowed in text, allowed
     commands = build_parser().parse_args(["run", "--out", "x"]).subcommands

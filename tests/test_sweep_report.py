@@ -121,8 +121,8 @@ def test_report_page_is_self_contained_and_renders_in_chromium(tmp_path):
     # as the browser built it: the header row and the four configs in one table, no Markdown left as text
     (table,) = _Page.of(dom).tables
     assert table["head"] == [["bucket_mb", "impl", "median_ms", "q25_ms", "q75_ms", "samples_per_s",
-                              "ratio_to_baseline", "ci_low", "ci_high", "baseline"]]
-    assert len(table["body"]) == 4 and all(len(row) == 10 for row in table["body"])
+                              "peak_mb_per_rank", "ratio_to_baseline", "ci_low", "ci_high", "baseline"]]
+    assert len(table["body"]) == 4 and all(len(row) == 11 for row in table["body"])
     assert "|---" not in dom and "`" not in dom
 
 
@@ -186,7 +186,7 @@ def test_report_page_is_markdown_rendered_one_table_with_its_header(tmp_path):
     assert len(table["body"]) == 4 and all(len(row) == len(table["head"][0]) for row in table["body"])
     assert {(row[0], row[1]) for row in table["body"]} == {(b, i) for b in ("5", "25")
                                                           for i in ("ddp_core", "ddp_core_no_overlap")}
-    assert page.tags.count("th") == 10 and page.tags.count("h2") == 3 and page.tags.count("li") >= 3
+    assert page.tags.count("th") == 11 and page.tags.count("h2") == 3 and page.tags.count("li") >= 3
     assert str(records) in page.code  # the records' path, a code span in the Markdown
     shown = "".join(page.text)
     assert "|---" not in shown and "`" not in shown and "|" not in shown
