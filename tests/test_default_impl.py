@@ -42,4 +42,4 @@ def test_advise_says_whose_options_it_advises_on():
     report = {"model": "m", "model_config": "", "amp": "none", "network": "loopback", "network_source": "fit",
               "profile": "profile: x", "warnings": [], "figures": [{"figure": "f", "kind": "measured", "value": "1"}]}
     for text in (format_terminal(report), format_markdown(report)):
-        assert "PyTorch's DistributedDataParallel" in text
+        assert "PyTorch's DistributedDataParallel" in text and "the probes measure them with ddp_core" in text

@@ -215,8 +215,10 @@ def _predicted(report: dict, profile: Profile, comm: CommModel, n: int, names: l
 
 # The options advised on are those of PyTorch's DDP, which ddp_core takes too (a drop-in): the profile measures
 # compute and when each gradient is ready (profiler.py), which do not depend on the DDP that reduces them.
-FOR_WHOM = ("advice for PyTorch's DistributedDataParallel (bucket_cap_mb, find_unused_parameters, "
-            "gradient_as_bucket_view, comm hooks); ddp_core takes the same options")
+# advise's probes run ddp_core (its timing hooks see each bucket); the options are PyTorch DDP's own,
+# and ddp_core takes them with the same meaning, so the advice is for either.
+FOR_WHOM = ("advice on the options of PyTorch's DistributedDataParallel (bucket_cap_mb, find_unused_parameters, "
+            "gradient_as_bucket_view, comm hooks); the probes measure them with ddp_core, its drop-in")
 
 
 def format_terminal(report: dict) -> str:
