@@ -1,6 +1,6 @@
 """The layout's rules, checked from the source: every import arrow inside `experiments/` points one way
 (cli -> uses -> emulate -> core), nothing imports the CLI, and there is no import circle - lazy imports
-inside functions included, since a circle hidden by one is still a circle."""
+inside functions included, since a circle hidden by one is still a circle; results/ holds no program."""
 import ast
 from pathlib import Path
 
@@ -93,3 +93,11 @@ def test_core_knows_no_argparse_nor_processes():
         top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
         top |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
         assert not any(n.startswith("torch.distributed") for n in top), f"{f.name}: core starts no process group"
+
+
+def test_no_program_is_filed_among_the_results():
+    """results/ holds what was measured; the programs that measure or tabulate live in benchmarks/ or
+    the suite, where they are read, tested and found."""
+    programs = [str(p.relative_to(ROOT)) for p in (ROOT / "results").rglob("*")
+                if p.is_file() and (p.suffix in (".py", ".sh") or p.stat().st_mode & 0o111)]
+    assert not programs, f"programs under results/: {programs}"

@@ -1,6 +1,9 @@
 """The interference term's validation tables (Markdown on stdout), from measure.sh's records:
 
-    python results/reference/x86_64-2cpu/interference/table.py [OUT] > results/reference/x86_64-2cpu/interference/table.md
+    python benchmarks/interference_validation/table.py [OUT] > OUT/table.md
+
+OUT is the folder measure.sh wrote, by default the reference machine's,
+results/reference/x86_64-2cpu/interference (its table.md is this script's output).
 
 1. the stored runs (the main job's loopback and link runs: no run repeated) re-predicted with today's probes;
 2. the fresh subset: profiles, probes and E2 at 2.5 Gbit/s in one session;
@@ -25,8 +28,15 @@ from experiments.perfmodel.predict import comm_model
 from experiments.perfmodel.simulate import Schedule, simulate
 from experiments.perfmodel.validation import describe_errors, measured_latency, prediction_errors
 
-REFERENCE = Path("results/reference/x86_64-2cpu")
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = ROOT / "results" / "reference" / "x86_64-2cpu"
 STORED_FIT = REFERENCE / "runs" / "x86_64-2cpu"  # the stored runs' all-reduce records
+
+
+def shown(path: Path) -> Path:
+    """`path` as the table names it: relative to the repository where inside it (the table is committed)."""
+    path = path.resolve()
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
 def session_fit(out: Path) -> Path:
@@ -144,7 +154,7 @@ def vit(out: Path) -> list[str]:
     lines = ["## 3. ViT-B/16, 32 px, batch 4, 2 ranks on loopback", ""] + probe_lines(folder / "vit_b_16.profile.jsonl")
     others = probes_in(out / "probes.jsonl") if (out / "probes.jsonl").exists() else []
     lines += ["", "Another model's term: " + (pick(others, "gloo", "cpu").describe() if others else "none measured")]
-    lines += ["", f"Today's advise profile against today's runs (the all-reduce of {session_fit(out)}):", ""]
+    lines += ["", f"Today's advise profile against today's runs (the all-reduce of {shown(session_fit(out))}):", ""]
     lines += header + vit_rows(profile, runs, records, others, session_fit(out))
     lines += ["", "The same profile and runs with the stored all-reduce records (a loaded session's fit):", ""]
     lines += header + vit_rows(profile, runs, records, others, STORED_FIT)
@@ -178,10 +188,10 @@ def order(out: Path) -> list[str]:
 
 
 def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else REFERENCE / "interference"
     load = (out / "load.txt").read_text().strip().splitlines() if (out / "load.txt").exists() else []
     lines = ["# The interference term against measurements (issue 29)", "",
-             "Made by `results/reference/x86_64-2cpu/interference/measure.sh` and this script's `table.py`. "
+             "Made by `benchmarks/interference_validation/measure.sh` and `table.py` beside it. "
              "The load averages of this 2-core machine while it ran (above 2: other work competed for the cores):", ""]
     lines += [f"    {line}" for line in load] + [""]
     print("\n".join(lines + stored(out) + fresh(out) + vit(out) + order(out)))

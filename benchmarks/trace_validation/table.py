@@ -1,8 +1,11 @@
 """The validation tables of docs/trace.md: predictions from a one-process trace against measurements.
 
-    python results/reference/x86_64-2cpu/trace/table.py results/trace > results/reference/x86_64-2cpu/trace/table.md
+    python benchmarks/trace_validation/table.py RAW > table.md
 
-Three parts, each where validate.sh made its files: world size 2 on loopback (`NAME.predict.json`
+RAW is the folder measure.sh wrote (default results/trace); the reference machine's is
+results/reference/x86_64-2cpu/trace/raw, beside its table.md.
+
+Three parts, each where measure.sh made its files: world size 2 on loopback (`NAME.predict.json`
 against `NAME.run.jsonl`, or the loop itself under torch's DDP in `NAME.ddp.txt`), world size 2 on two
 emulated hosts behind a 2.5 Gbit/s link (`NAME.link.predict.json` against `NAME.link.run.jsonl`), and
 the scale model at 4-16 ranks (`scale/`: each trace read as a profile drives the emulated-compute runs,
@@ -13,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository, for experiments.perfmodel
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for experiments.perfmodel
 from experiments.core.records import read_records  # noqa: E402
 from experiments.perfmodel.interference import from_record  # noqa: E402
 from experiments.perfmodel.validation import describe_errors, prediction_errors  # noqa: E402
@@ -96,8 +99,8 @@ def main(folder: Path) -> None:
     """Print the three tables found in `folder`."""
     load = folder / "load.txt"
     print("# Predictions from a one-process trace against measurements on this machine (`x86_64-2cpu`)\n")
-    print("Made by `validate.sh`; its records are in `raw/` beside this file (not the traces: 10-100 MB each). "
-          "The load averages:\n")
+    print("Made by `benchmarks/trace_validation/measure.sh`; its records are in `raw/` beside this file "
+          "(not the traces: 10-100 MB each). The load averages:\n")
     print("\n".join(f"    {line}" for line in load.read_text().splitlines()) if load.exists() else "    (none)")
     print("\nThe interference probes (the newest is the term the predictions `with the term` take):\n")
     print("\n".join(probes(folder)))

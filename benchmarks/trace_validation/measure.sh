@@ -1,5 +1,7 @@
 #!/bin/bash
-# docs/trace.md's validation of `predict --trace` on this machine, in parts (PARTS; default all, in this order):
+# docs/trace.md's validation of `predict --trace` on this machine:
+#   bash benchmarks/trace_validation/measure.sh [OUT]   (OUT: the raw files' folder, default results/trace)
+# in parts (PARTS; default all, in this order):
 #   allreduce - this machine's all-reduce at 2 ranks on loopback, 1 KiB to 256 MiB: the fit the predictions use
 #   loopback - trace the example loop in one process (alone, and beside a second copy as two ranks sharing
 #              this host) and measure the same model at world size 2 (`ddpbench run`; the loop the harness
@@ -13,10 +15,10 @@
 #              all-reduce fit, without the interference term and with the probe's (cheap: re-run it alone)
 #   runs     - the loopback and link parts' `ddpbench run` measurements only, without tracing again (to re-measure
 #              after a change to how runs are measured; the traces and predictions stay)
-# Then: python results/reference/x86_64-2cpu/trace/table.py $OUT > results/reference/x86_64-2cpu/trace/table.md
+# Then: python benchmarks/trace_validation/table.py OUT > OUT/table.md (the reference copy: results/reference/x86_64-2cpu/trace/)
 set -e
-cd "$(dirname "$0")/../../../.."
-OUT=${OUT:-results/trace}  # raw files (ignored by git); table.py turns them into table.md
+OUT=$(realpath -m "${1:-${OUT:-results/trace}}")  # raw files (results/ is ignored by git); table.py turns them into table.md
+cd "$(dirname "$0")/../.."
 FIT=${FIT:-$OUT/allreduce.jsonl}  # measured by the allreduce part, in the same session as the runs it predicts
 PARTS=${PARTS:-"allreduce loopback link scale probe predict"}
 # name | --model | the loop's and the run's inputs | the run's --model-config

@@ -1,6 +1,8 @@
 #!/bin/bash
 # Issue 29's interference term, re-measured in one short session on this shared 2-core machine (docs:
-# performance-model.md "Interference"). Each part writes records under $OUT (default: beside this script):
+# performance-model.md "Interference"):
+#   bash benchmarks/interference_validation/measure.sh [OUT]   (default results/interference)
+# Each part writes records under OUT (the reference machine's: results/reference/x86_64-2cpu/interference/):
 #   allreduce - this machine's all-reduce at 2 ranks on loopback, 1 KiB to 256 MiB: the fit link and vit predict with
 #   probes  - interference probes of ResNet50 and BERT-base at the main job's quick inputs (the stored runs'
 #             models), for re-predicting the stored loopback and 2.5/5 Gbit/s link runs (no run repeated)
@@ -9,11 +11,10 @@
 #   vit     - advise for ViT-B/16 (the issue's 29% case; it runs its probe) and the runs it predicts
 #   order   - ViT-B/16's two runs in either order: whether the gap between overlap and none is the configs' or their
 #             order's (the first config of fresh ranks ran slower until sweeps ran it once unrecorded first)
-# Then: python results/reference/x86_64-2cpu/interference/table.py > results/reference/x86_64-2cpu/interference/table.md
+# Then: python benchmarks/interference_validation/table.py OUT > OUT/table.md
 set -e
-cd "$(dirname "$0")/../../../.."
-HERE=results/reference/x86_64-2cpu/interference
-OUT=${OUT:-$HERE}
+OUT=$(realpath -m "${1:-${OUT:-results/interference}}")
+cd "$(dirname "$0")/../.."
 FIT=${FIT:-$OUT/allreduce.jsonl}   # measured in the same session (a fit from another day misses by 10-20%)
 PARTS=${PARTS:-"allreduce probes link vit order"}
 QUICK="--image-size 32 --seq-len 16 --batch-size 2 --threads 1"
