@@ -100,3 +100,13 @@ def test_your_model_page_says_find_unused_parameters_runs():
     page = " ".join((DOCS / "your-model.md").read_text().split())
     assert "`run --find-unused-parameters true`" in page
     assert "cannot be run" not in page
+
+
+def test_the_command_reference_is_what_the_parser_prints():
+    """docs/commands.md is generated from the parser; a flag added or reworded without regenerating it
+    leaves the reference wrong (`python scripts/gen_command_reference.py` rewrites it)."""
+    spec = importlib.util.spec_from_file_location("gen_command_reference", ROOT / "scripts" / "gen_command_reference.py")
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    assert (DOCS / "commands.md").read_text() == reference.render(), \
+        "docs/commands.md is stale: run `python scripts/gen_command_reference.py`"
