@@ -231,7 +231,7 @@ def test_on_a_terminal_the_iterations_of_a_config_show_as_a_bar(tmp_path, capsys
 
 
 def test_other_processes_keeping_cores_busy_are_told_apart_from_the_ranks():
-    from experiments.measure.sweep import busy_warning, other_cores_busy
+    from experiments.measure.busy import BusyTally, busy_mark, other_cores_busy
 
     def rank(host, own, busy=None, wall=2.0):
         return {"load": {"host": host, "own_cpu_s": own, "machine_busy_s": busy, "measuring_s": wall}}
@@ -242,23 +242,38 @@ def test_other_processes_keeping_cores_busy_are_told_apart_from_the_ranks():
     assert other_cores_busy([rank("a", 1.0, 3.0), rank("b", 1.0)]) == pytest.approx(1.0)
     assert other_cores_busy([rank("a", 1.5, 2.0), rank("a", 1.0)]) == 0.0  # never below zero
     assert other_cores_busy([rank("a", 1.0, None)]) is None and other_cores_busy([{}]) is None
-    assert busy_warning({"timing": {"other_cores_busy": 0.1}, "env": {"cpu_count": 2}}) is None
-    warning = busy_warning({"timing": {"other_cores_busy": 0.5}, "env": {"cpu_count": 2}})
-    assert warning.startswith("ddpbench: warning: other processes kept 0.5 of 2 cores busy while this config")
+
+    def record(other):
+        return {"status": "ok", "timing": {"other_cores_busy": other}, "env": {"cpu_count": 2}}
+
+    assert busy_mark(record(0.1)) == "" and busy_mark(record(None)) == ""
+    assert busy_mark(record(0.5)) == "  (busy: 0.5 other cores)"
+    tally = BusyTally()
+    tally.add(record(0.1), "[1/4]")
+    assert tally.warning() is None  # a quiet run says nothing
+    for label, other in (("[2/4]", 0.5), ("[3/4]", 1.3), ("[4/4]", 0.9)):
+        tally.add(record(other), label)
+    warning = tally.warning()
+    assert warning.startswith("ddpbench: warning: other processes kept cores busy while 3 of 4 configs were "
+                              "measured (marked 'busy'; worst 1.3 of 2 cores, [3/4])"), warning
 
 
 @pytest.mark.timeout(300)
-def test_run_warns_after_a_config_that_another_process_kept_cores_busy_during(tmp_path, capsys):
+def test_run_warns_once_after_the_configs_that_another_process_kept_cores_busy_during(tmp_path, capsys):
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)  # running before the config's measured iterations start
-        assert main(["run", *TINY, "--world-size", "2", "--iters", "30", "--out", str(tmp_path / "r.jsonl")]) == 0
+        assert main(["run", *TINY, "--world-size", "2", "--iters", "30", "--seed", "1,2",
+                     "--out", str(tmp_path / "r.jsonl")]) == 0
     finally:
         busy.kill()
         busy.wait()
-    record = read_records(tmp_path / "r.jsonl")[0]
-    assert record["timing"]["other_cores_busy"] > 0.2, record["timing"]
-    assert "ddpbench: warning: other processes kept" in capsys.readouterr().err
+    records = read_records(tmp_path / "r.jsonl")
+    assert all(r["timing"]["other_cores_busy"] > 0.2 for r in records), [r["timing"] for r in records]
+    captured = capsys.readouterr()
+    assert captured.err.count("ddpbench: warning: other processes kept") == 1, captured.err
+    assert "while 2 of 2 configs were measured" in captured.err
+    assert captured.out.count("(busy: ") == 2, captured.out
 
 
 def flaky_measure(rank, world_size, fields):

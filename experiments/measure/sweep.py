@@ -23,7 +23,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from experiments.core.config import RunConfig
-from experiments.core.machine import QUIET_CORES, environment, host_key, under_torchrun
+from experiments.core.machine import environment, host_key, under_torchrun
 from experiments.core.records import (
     LATER_FIELDS,
     RUN_PHASES,
@@ -36,6 +36,7 @@ from experiments.core.records import (
 from experiments.core.stats import slowest_rank_per_cycle, summarize
 from experiments.emulate import network
 from experiments.measure import progress
+from experiments.measure.busy import BusyTally, busy_mark, other_cores_busy
 from experiments.measure.harness import measure
 from experiments.measure.launch import RankFailed, RankPool, RanksTimedOut
 
@@ -85,28 +86,6 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
     if per_rank[0].get("compute") is not None:
         record["compute_source"] = per_rank[0]["compute"]  # which profile the stand-in replayed
     return record
-
-
-def other_cores_busy(per_rank: list[dict]) -> float | None:
-    """The cores that processes other than the ranks kept busy on average during the measured iterations,
-    on rank 0's host: the machine's busy time less what that host's ranks used. None where unknown."""
-    loads = [r.get("load") for r in per_rank]
-    if None in loads or loads[0]["machine_busy_s"] is None or loads[0]["measuring_s"] <= 0:
-        return None
-    ours = sum(load["own_cpu_s"] for load in loads if load["host"] == loads[0]["host"])
-    return max(0.0, loads[0]["machine_busy_s"] - ours) / loads[0]["measuring_s"]
-
-
-def busy_warning(record: dict) -> str | None:
-    """A warning where other processes kept more than QUIET_CORES cores busy while `record` was measured
-    (its latencies then include waiting for them), as `ab` warns; None otherwise."""
-    other = (record.get("timing") or {}).get("other_cores_busy")
-    if other is None or other <= QUIET_CORES:
-        return None
-    cores = (record.get("env") or {}).get("cpu_count") or os.cpu_count()
-    return (f"ddpbench: warning: other processes kept {other:.1f} of {cores} cores busy while this config was "
-            "measured; its latencies may include waiting for them (measure it again on a quiet machine: --resume "
-            "skips only configs already recorded, so remove its record or use another --out)")
 
 
 # Fields a summary line leaves out unless they vary within the sweep: they rarely tell configs apart.
@@ -199,9 +178,7 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
     iterations = IterationBar(shown, position=1)  # below the configs' bar
     say = echo if bar.disable else bar.write
 
-    def warn(line: str) -> None:
-        print(line, file=sys.stderr) if bar.disable else bar.write(line, file=sys.stderr)
-
+    tally = BusyTally()
     try:
         for (backend, _device, world_size, threads, link, ranks_per_host, dilation), group in itertools.groupby(
             todo, key=lambda job: (job.backend, job.device, job.world_size, job.threads, job.link, job.ranks_per_host,
@@ -241,15 +218,17 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
                     counts[record["status"]] += 1
                     bar.update()
                     # N/M on every line: the only progress shown where stderr is not a terminal (CI, a log)
-                    say(f"[{counts['ok'] + counts['failed']}/{len(todo)}] {summary_line(record, varying)}")
-                    if (busy := busy_warning(record)) is not None:
-                        warn(busy)
+                    label = f"[{counts['ok'] + counts['failed']}/{len(todo)}]"
+                    say(f"{label} {summary_line(record, varying)}{busy_mark(record)}")
+                    tally.add(record, label)
             finally:
                 if pool is not None:
                     pool.close(graceful=sys.exc_info()[0] is None)
     finally:
         iterations.close()
         bar.close()
+        if (busy := tally.warning()) is not None:  # once per run, after the configs it concerns
+            print(busy, file=sys.stderr)
     return counts
 
 
@@ -358,7 +337,7 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
     shown = rank == 0 and progress.shown()
     iterations = IterationBar(shown)
     progress.listen(iterations if shown else None)
-    fresh = True
+    fresh, tally = True, BusyTally()
     for config in configs:
         if config_key(dataclasses.asdict(config)) in shared[0]:
             counts["skipped"] += 1
@@ -377,13 +356,15 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
             record_or_exit(out, record, "run")
             if trace_dir is not None:
                 write_trace(trace_dir, config, gathered)
-            line = f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}] {summary_line(record, varying)}"
+            label = f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}]"
+            line = f"{label} {summary_line(record, varying)}{busy_mark(record)}"
             echo(line) if not shown else tqdm.write(line)  # (tqdm.write: above the bar, which it redraws)
-            if (busy := busy_warning(record)) is not None:
-                tqdm.write(busy, file=sys.stderr)
+            tally.add(record, label)
         counts["ok"] += 1
     progress.listen(None)
     iterations.close()
+    if rank == 0 and (busy := tally.warning()) is not None:
+        print(busy, file=sys.stderr)
     if owned:
         # Every rank leaves together, then the group is torn down: a rank whose process exits while
         # another still talks to it (rank 0 writing the last record) can make Gloo abort at exit.
