@@ -124,6 +124,11 @@ def _copy(index: int, args) -> None:
         args.steps += 2  # keep the cores busy until the traced copy has finished
         train(args)
         return
+    if not torch.cuda.is_available():
+        # Kineto (the profiler's back end) looks for GPUs and, finding no driver, logs "ERROR: ...
+        # gpuGetDeviceCount failed with code 35" although the CPU trace is complete. Level 5 keeps its
+        # error lines quiet on a machine without a GPU; a GPU machine keeps them (they matter there).
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     # PROFILER (1 of 3): record shapes (the gradients' sizes); skip a step, warm up one, keep the rest.
     with torch.profiler.profile(record_shapes=True,
                                 schedule=torch.profiler.schedule(wait=1, warmup=1, active=args.steps - 2)) as prof:
