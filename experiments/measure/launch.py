@@ -64,7 +64,7 @@ class RankPool:
             if self.cluster is not None:
                 self.cluster.create()
             # The parent owns the rendezvous store, so no port can be taken between choosing and binding it.
-            self._store = self._in_network(lambda: listening_store(host))
+            self._store = self._in_network(lambda: quiet_store_start(lambda: listening_store(host)))
         except BaseException:
             self._close_network()
             raise
@@ -201,6 +201,34 @@ def listening_store(host: str) -> dist.TCPStore:
     return store
 
 
+# What c10d logs as a store's client connects from an emulated host (the master's own client, in the
+# switch's namespace, and each rank's): for its log it looks up the name of the client socket's address,
+# which no hosts file names and no DNS server can be asked from inside a namespace. Nothing is wrong;
+# it came 3 times per pool of 2 ranks, into the run's output.
+_STORE_START_NOISE = "The hostname of the client socket cannot be retrieved"
+
+
+def quiet_store_start(make: Callable[[], Any]) -> Any:
+    """Call `make` (which starts the master store) with this process's stderr held in a file, then
+    write back every line of it but c10d's `_STORE_START_NOISE`: the store starts in a few milliseconds,
+    and whatever another thread wrote meanwhile still appears, only after it."""
+    import tempfile
+
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            return make()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().splitlines(keepends=True)
+                    if _STORE_START_NOISE.encode() not in line]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 def _die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies (PR_SET_PDEATHSIG), so none is orphaned."""
     try:
@@ -224,7 +252,11 @@ def _worker_main(rank, world_size, backend, host, port, timeout, threads, tasks,
             # name resolves to, which may be an external one.
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(threads)
-        store = dist.TCPStore(host, port, world_size=None, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+
+        def connect() -> dist.TCPStore:
+            return dist.TCPStore(host, port, world_size=None, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+
+        store = quiet_store_start(connect) if placement is not None else connect()
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
         while (task := tasks.get()) is not None:
