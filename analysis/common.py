@@ -14,12 +14,11 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")  # files only, no screen
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from experiments.core.machine import machine_name  # noqa: E402
 from experiments.core.records import RUN_PHASES, load_records, show_record_warnings_as_lines
-from experiments.core.stats import cycle_means  # noqa: E402,F401  (the analysis scripts use it from here)
+from experiments.core.stats import cycle_means, spread  # noqa: E402,F401  (the analysis scripts use cycle_means from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 show_record_warnings_as_lines()  # a skipped record line reads as one line naming its file
@@ -61,12 +60,6 @@ def runs(experiment: str, kind: str = "run") -> pd.DataFrame:
     if frame.empty:
         return frame
     return frame[frame["status"] == "ok"].reset_index(drop=True)
-
-
-def spread(samples) -> tuple[float, float, float]:
-    """Median and interquartile range (25th, 75th percentile) of raw samples."""
-    q25, q50, q75 = np.percentile(np.asarray(samples, dtype=float), [25, 50, 75])
-    return float(q50), float(q25), float(q75)
 
 
 def measured(experiment: str, kind: str = "run") -> pd.DataFrame | None:

@@ -263,8 +263,8 @@ def report(smoke: bool, reference: str | None) -> int:
 
 
 def sweep_report(records: list[Path], out: Path | None, with_html: bool) -> int:
-    """Write the report of the user's own records (see analysis/sweep_report.py) and print its findings."""
-    from analysis.sweep_report import write_report
+    """Write the report of the user's own records (see experiments/report/sweep.py) and print its findings."""
+    from experiments.report.sweep import write_report
 
     missing = [str(p) for p in records if not p.exists()]
     if missing:

@@ -7,10 +7,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "experiments"
 # Layer of each top-level part; a module may import only its own layer's or lower layers' modules.
-LAYERS = {"core": 0, "emulate": 1, "measure": 2, "args": 1, "regression": 4, "perfmodel": 4, "atlas": 4, "cli": 5,
-          "__main__": 6}
+LAYERS = {"core": 0, "emulate": 1, "measure": 2, "args": 1, "regression": 4, "perfmodel": 4, "atlas": 4, "report": 4,
+          "cli": 5, "__main__": 6}
 # The uses are side by side: each may build on measuring (it runs workloads), never on another use.
-USES = ("regression", "perfmodel", "atlas")
+USES = ("regression", "perfmodel", "atlas", "report")
 FORBIDDEN = {("measure", use) for use in USES} | {(a, b) for a in USES for b in USES if a != b}
 
 
@@ -58,6 +58,18 @@ def test_arrows_point_one_way():
             if LAYERS[b] > LAYERS[a] or (a, b) in FORBIDDEN:
                 wrong.append(f"{module} -> {dep}")
     assert not wrong, "imports against the layering (cli -> uses -> emulate -> core):\n" + "\n".join(sorted(wrong))
+
+
+def test_the_suite_imports_nothing_from_analysis():
+    """analysis/ reads results and draws; the suite and ddp_core must not need it (what both need lives
+    in experiments.core)."""
+    wrong = []
+    for path in [*FILES, *sorted((ROOT / "ddp_core").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            wrong += [f"{path.relative_to(ROOT)} -> {name}" for name in names if name.split(".")[0] == "analysis"]
+    assert not wrong, "imports of analysis/ from the suite:\n" + "\n".join(wrong)
 
 
 def test_no_import_circles():

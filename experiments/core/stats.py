@@ -28,6 +28,12 @@ import numpy as np
 MIN_SAMPLES = {"p90": 20, "p95": 40}
 
 
+def spread(samples) -> tuple[float, float, float]:
+    """Median and interquartile range (25th, 75th percentile) of raw samples."""
+    q25, q50, q75 = np.percentile(np.asarray(samples, dtype=float), [25, 50, 75])
+    return float(q50), float(q25), float(q75)
+
+
 def median_interval(samples: list[float], confidence: float = 0.95) -> list[float] | None:
     """A distribution-free confidence interval of the median from order statistics (the binomial
     count of samples below it); None with fewer than 6 samples, where no pair of them reaches 95%."""

@@ -24,11 +24,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from markdown_it import MarkdownIt  # noqa: E402
 
-from analysis.common import spread  # noqa: E402
 from experiments.core.config import RunConfig  # noqa: E402
 from experiments.core.drift import drift_file, stored_drift  # noqa: E402
 from experiments.core.records import load_records  # noqa: E402
-from experiments.core.stats import holm, launch_ratio, ratio_of_medians  # noqa: E402
+from experiments.core.stats import holm, launch_ratio, ratio_of_medians, spread  # noqa: E402
 
 PARAMETERS = [f.name for f in fields(RunConfig) if f.name != "model_hash"]
 DEFAULTS = RunConfig()
