@@ -113,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(sub.choices[name])
     perfmodel.add_model_arguments(sub.add_parser("predict", help="predict DDP latency from a profile (model)"), False)
     perfmodel.add_model_arguments(sub.add_parser("tune-bucket", help="recommend a bucket cap (model)"), True)
-    perfmodel.add_scale_arguments(sub.add_parser("scale-profile", help="a profile scaled to a GPU's estimated time"))
-    from experiments.perfmodel import advise
+    from experiments.perfmodel import advise, scale_command
+
+    scale_command.add_arguments(sub.add_parser("scale-profile", help="a profile scaled to a GPU's estimated time"))
 
     advise.add_arguments(sub.add_parser("advise", help="how DDP will behave for your model: profile, predict, advise"))
     compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
@@ -361,7 +362,9 @@ def _main(argv: list[str] | None) -> int:
 
         return advise.main(args)
     if args.command == "scale-profile":
-        return perfmodel.scale_main(args)
+        from experiments.perfmodel import scale_command
+
+        return scale_command.main(args)
     if args.command in ("compare", "drift", "ab", "history", "drill"):
         from experiments.regression import ab, compare, drift, drill, history
 
