@@ -123,6 +123,12 @@ def test_advise_end_to_end_marks_every_figure_and_warns_for_a_gpu_cluster(tmp_pa
     assert kinds["find_unused_parameters cost (forward, one process)"] == "measured"
     assert kinds["recommended bucket cap"] == "predicted"
     assert {"counted", "measured", "predicted"} <= set(kinds.values())
+    # memory: the profile's peak (a process with torch loaded holds hundreds of MB) and bucket views' saving
+    figures = {f["figure"]: f for f in report["figures"]}
+    assert kinds["peak memory of a rank (the profile's measured iterations)"] == "measured"
+    assert figures["peak memory of a rank (the profile's measured iterations)"]["number"] > 100
+    size = read_records(out.with_name("mine.profile.jsonl"))[0]["model_size"]
+    assert figures["gradient_as_bucket_view memory"]["number"] == pytest.approx(-size["gradient_bytes"] / 2**20)
     assert report["buckets"] and "profile: examples/my_model.py on cpu, batch 2, image size 8" in report["profile"]
     assert "| recommended bucket cap |" in out.with_name("mine.md").read_text()
     assert read_records(out.with_name("mine.profile.jsonl"))[0]["kind"] == "profile"  # usable by predict

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from experiments.core.config import RunConfig
 from experiments.measure.harness import Clock, build, train_step
+from experiments.measure.memory import PeakMemory
 from experiments.measure.workloads.base import model_size
 
 
@@ -69,7 +70,10 @@ def _profile(rank: int, config: RunConfig, alone) -> dict:
     t.ddp.reducer.observer = ReadyTimes(clock)
     n_params = len(t.ddp.reducer.params)
     synced, skipped = [], []
+    memory = PeakMemory(t.device)
     for i in range(config.warmup + config.iters):
+        if i == config.warmup:
+            memory.reset()  # the peak of the measured synchronised iterations (a pool profiles config after config)
         clock.start()
         train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark, t.precision)
         m = clock.seconds()
@@ -77,6 +81,7 @@ def _profile(rank: int, config: RunConfig, alone) -> dict:
             synced.append({"forward": m["forward"], "backward": m["backward_computed"] - m["forward"],
                            "tail": m["backward"] - m["backward_computed"], "optimizer": m["optimizer"] - m["backward"],
                            "ready": [m[f"ready{p}"] - m["forward"] for p in range(n_params)]})
+    peak = memory.read()  # before the skipped iterations, which hold no buckets in flight
     for i in range(config.warmup + config.iters):
         clock.start()
         train_step(t.ddp, t.family, t.batch, t.optimizer, False, clock.mark, t.precision)
@@ -92,6 +97,7 @@ def _profile(rank: int, config: RunConfig, alone) -> dict:
         "dtypes": [str(p.dtype) for p in reducer.params],
         "buffer_bytes": sum(b.numel() * b.element_size() for b in t.model.buffers()),
         "model_size": model_size(t.model),
+        "memory": peak,
     }
 
 
@@ -111,5 +117,7 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
     summary = {phase: statistics.median(row[phase] for row in result["synced"]) for phase in PROFILE_PHASES}
     summary.update(p50=_p50(result), copies_p50=[_p50(r) for r in per_rank])
     others = [{k: r[k] for k in ("synced", "skipped")} for rank, r in enumerate(per_rank) if rank != slowest]
+    if all("memory" in r for r in per_rank):  # (the largest copy's peak; memory.py says how it was measured)
+        result = {**result, "memory": max((r["memory"] for r in per_rank), key=lambda m: m["peak_mb"])}
     return {"kind": "profile", "status": "ok", "config": dataclasses.asdict(config), "summary": summary, **result,
             "slowest_copy": slowest, "other_copies": others, "timing": {"config_wall_s": wall_s}}

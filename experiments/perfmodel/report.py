@@ -61,6 +61,26 @@ def _figure(figures: list, what: str, value: str, kind: str, number: float | Non
     figures.append({"figure": what, "value": value, "kind": kind, "number": number})
 
 
+# How each method of experiments/measure/memory.py counts, in the words of a figure.
+MEMORY_COUNTED = {"cuda": "tensors (max_memory_allocated)",
+                  "hwm": "the process's peak resident set, libraries included",
+                  "ru_maxrss": "the process's peak resident set since it started"}
+
+
+def _memory_figures(figures: list, record: dict, size: dict) -> None:
+    """The profile's peak memory (a rank's, where the profile ran as the ranks will) and what
+    gradient_as_bucket_view saves: one copy of the gradients, which otherwise sit beside the buckets."""
+    memory = record.get("memory")
+    if memory:
+        _figure(figures, "peak memory of a rank (the profile's measured iterations)",
+                f"{memory['peak_mb']:.0f} MB ({MEMORY_COUNTED.get(memory['method'], memory['method'])})",
+                "measured", memory["peak_mb"])
+    if size.get("gradient_bytes"):
+        _figure(figures, "gradient_as_bucket_view memory", f"up to {size['gradient_bytes'] / MB:.1f} MB less: the "
+                "gradients are views into the buckets, not a second copy beside them (at the peak of backward, "
+                "and between iterations where gradients are kept)", "counted", -size["gradient_bytes"] / MB)
+
+
 def build_report(record: dict, comm: CommModel, args, profile_path: Path | None) -> dict:
     """Every figure of the report, from the advise record (profile + probes) and the network."""
     from experiments.perfmodel.probe import medians  # imports torch: not when the command line parses options
@@ -76,6 +96,7 @@ def build_report(record: dict, comm: CommModel, args, profile_path: Path | None)
     _figure(figures, "parameters", f"{size.get('parameters', 0) / 1e6:.2f} M", "counted", size.get("parameters"))
     _figure(figures, "gradient bytes reduced per iteration", f"{size.get('gradient_bytes', 0) / MB:.1f} MB in "
             f"{size.get('gradient_tensors', 0)} tensors", "counted", size.get("gradient_bytes"))
+    _memory_figures(figures, record, size)
     forward_plain, forward_search = probes["forward_plain_s"], probes["forward_search_s"]
     unused = probes["unused"]
     _figure(figures, "find_unused_parameters needed", f"yes: {len(unused)} parameter(s) get no gradient "
