@@ -1,13 +1,18 @@
 """What every analysis script shares: where results live, loading them, medians with spread, saving.
 
 Analysis reads only `results/` (through the package's record reader) and never imports the harness.
-Set DDPBENCH_RESULTS to read and write another results folder (the tests do).
+Set DDPBENCH_RESULTS to read and write another results folder (the tests do); every script also takes
+`--records PATH` and `--out FOLDER` (script_main).
 """
 from __future__ import annotations
 
+import argparse
+import fnmatch
 import json
 import os
+import sys
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
 import matplotlib.ticker
@@ -25,6 +30,92 @@ show_record_warnings_as_lines()  # a skipped record line reads as one line namin
 PHASES = list(RUN_PHASES)  # the figures stack them in this order
 # Experiments whose records are training iterations (kind "run"); E1 and E6 have kinds of their own.
 RUN_EXPERIMENTS = ["e2_overlap", "e3_bucket_size", "e4_scaling", "e5_skip_sync", "e7_round_robin"]
+RUNS = "runs/{machine}"  # where a results folder keeps one machine's records of the main job
+_chosen: dict[str, Path] = {}  # the running script's --records and --out (script_main); empty: the defaults
+
+
+class NoRecords(Exception):
+    """Records a script needs are missing: `path` is where it looked, `make` the command that makes them,
+    `why` (if any) what it looked for there."""
+
+    def __init__(self, path: Path, make: str, why: str = ""):
+        super().__init__(f"no records at {where(path)}" + (f" ({why})" if why else ""))
+        self.path, self.make = path, make
+
+
+def script_main(argv: list[str] | None, draw: Callable[[], object], make: str, records: str = RUNS,
+                needs: tuple[str, ...] = ()) -> int:
+    """The command line of every analysis script: `--records PATH`, a records file or folder (default
+    `records` under the results folder, {machine} this machine's name) and `--out FOLDER`, where figures/
+    and tables/ go (default the results folder); then draw() with those, and 0.
+
+    Records missing or empty (for a runs folder: no <need>.jsonl of any of `needs`, glob patterns; a file
+    there is read as the experiment it is named after), or a NoRecords out of draw(): one line on stderr
+    naming the path looked at, `make` (the command that makes them) and the reference machine's copy
+    where the project has one, and 2.
+    """
+    name = Path(sys.modules[draw.__module__].__file__).stem
+    default = results_dir() / records.format(machine=machine())
+    parser = argparse.ArgumentParser(prog=f"python analysis/{name}.py", description=(draw.__doc__ or "").strip())
+    parser.add_argument("--records", type=Path, default=default, metavar="PATH",
+                        help=f"the records to draw, a file or folder (default {where(default)})")
+    parser.add_argument("--out", type=Path, default=results_dir(), metavar="FOLDER",
+                        help=f"where figures/ and tables/ go (default {where(results_dir())})")
+    args = parser.parse_args(argv)
+    previous = dict(_chosen)
+    _chosen.update(records=args.records, out=args.out)
+    if records == RUNS:
+        _chosen["runs"] = args.records
+    try:
+        _check_records(args.records, needs, make)
+        draw()
+    except NoRecords as missing:
+        print(f"{name}: {missing}; make them with {missing.make}{_reference_hint(missing.path, records, needs)}",
+              file=sys.stderr)
+        return 2
+    finally:
+        _chosen.clear()
+        _chosen.update(previous)
+    return 0
+
+
+def _holds_records(file: Path) -> bool:
+    """Whether `file` has a line that is not blank (stops at the first one)."""
+    with file.open("rb") as lines:
+        return any(line.strip() for line in lines)
+
+
+def _check_records(path: Path, needs: tuple[str, ...], make: str) -> None:
+    """NoRecords unless `path` holds records: a file (named after one of `needs`, if any) or a folder
+    with a non-empty <need>.jsonl (any *.jsonl under it without `needs`)."""
+    wanted = "{" + ",".join(needs) + "}.jsonl" if len(needs) > 1 else f"{needs[0]}.jsonl" if needs else ""
+    if not path.exists():
+        raise NoRecords(path, make)
+    if path.is_file():
+        if needs and not any(fnmatch.fnmatch(path.stem, n) for n in needs):
+            raise NoRecords(path, make, why=f"a file is read as the experiment it is named after: {wanted}")
+        if not _holds_records(path):
+            raise NoRecords(path, make)
+        return
+    files = [f for n in needs for f in path.glob(f"{n}.jsonl")] if needs else list(path.rglob("*.jsonl"))
+    if not any(f.is_file() and _holds_records(f) for f in files):
+        raise NoRecords(path / wanted if needs else path, make)
+
+
+def _reference_hint(looked_at: Path, records: str, needs: tuple[str, ...]) -> str:
+    """", or draw the reference machine's: --records results/reference/<m>/..." where the project's
+    committed results hold what was missing (and it was not looked for there)."""
+    reference = ROOT / "results" / "reference"
+    if not reference.is_dir() or reference in looked_at.resolve().parents:
+        return ""
+    for folder in sorted(p for p in reference.iterdir() if p.is_dir()):
+        candidate = folder / records.format(machine=folder.name)
+        try:
+            _check_records(candidate, needs, "")
+        except NoRecords:
+            continue
+        return f" (or draw the reference machine's: --records {where(candidate)})"
+    return ""
 
 
 def results_dir() -> Path:
@@ -52,9 +143,11 @@ def machines_in(frame: pd.DataFrame) -> list[str]:
 
 
 def runs(experiment: str, kind: str = "run") -> pd.DataFrame:
-    """Successful records of one experiment (results/runs/<machine>/<experiment>.jsonl); empty if none."""
-    path = runs_folder() / f"{experiment}.jsonl"
-    if not path.exists():
+    """Successful records of one experiment (results/runs/<machine>/<experiment>.jsonl, or the --records
+    folder's, or the --records file named after it); empty if none."""
+    folder = runs_folder()
+    path = folder if folder.is_file() and folder.stem == experiment else folder / f"{experiment}.jsonl"
+    if not path.is_file():
         return pd.DataFrame()
     frame = load_records(path, kind=kind)
     if frame.empty:
@@ -91,8 +184,19 @@ def caption(frame: pd.DataFrame) -> str:
 
 
 def runs_folder() -> Path:
-    """The folder of this machine's records: results/runs/<machine>/ (under $DDPBENCH_RESULTS)."""
-    return results_dir() / "runs" / machine()
+    """The folder of this machine's records: results/runs/<machine>/ (under $DDPBENCH_RESULTS), or the
+    running script's --records."""
+    return _chosen.get("runs", results_dir() / "runs" / machine())
+
+
+def chosen_records() -> Path:
+    """The running script's --records (script_main)."""
+    return _chosen["records"]
+
+
+def output_dir() -> Path:
+    """Where figures/, tables/ and the report go: the running script's --out, else the results folder."""
+    return _chosen.get("out", results_dir())
 
 
 def job_profiles() -> dict[str, str]:
@@ -113,11 +217,11 @@ def where(path: Path) -> str:
 
 
 def save(fig: plt.Figure | None, table: pd.DataFrame, name: str, note: str = "") -> Path:
-    """Write results/figures/<name>.png (if any) and results/tables/<name>.csv; returns the figure path.
-
-    A `note` with an empty table (why it is empty) is kept in results/tables/<name>.note for the report.
+    """Write <out>/figures/<name>.png (if any) and <out>/tables/<name>.csv, <out> the results folder or
+    --out; returns the figure path. A `note` with an empty table (why it is empty) is kept in
+    <out>/tables/<name>.note for the report.
     """
-    figures, tables = results_dir() / "figures", results_dir() / "tables"
+    figures, tables = output_dir() / "figures", output_dir() / "tables"
     figures.mkdir(parents=True, exist_ok=True)
     tables.mkdir(parents=True, exist_ok=True)
     table.to_csv(tables / f"{name}.csv", index=False)

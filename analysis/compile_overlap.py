@@ -4,16 +4,18 @@
 # DDPOptimizer), so that buckets can still be reduced while the rest of backward runs. ddp_core is not
 # PyTorch's DDP class, so dynamo does not split for it: does its backward still launch buckets early?
 # Records: `results/<...>/compile/records.jsonl`, made by the command in docs/ddp_core.md ("Under
-# torch.compile"). Run: `DDPBENCH_RESULTS=results/reference/x86_64-2cpu python -m analysis.compile_overlap`.
+# torch.compile"). Run: `python analysis/compile_overlap.py --records results/reference/x86_64-2cpu/compile`
+# (the reference machine's records; the table goes to results/tables/, or to --out FOLDER).
 
 # %%
 from __future__ import annotations
 
 import statistics
+import sys
 
 import pandas as pd
 
-from analysis.common import results_dir, save
+from analysis.common import chosen_records, save, script_main
 from experiments.core.records import read_records
 
 
@@ -60,14 +62,21 @@ def row(record: dict) -> dict:
     }
 
 
-def main() -> None:
+def draw() -> None:
     """A table per config: latency, backward, exposed communication and the first bucket's launch."""
-    path = results_dir() / "compile" / "records.jsonl"
+    path = chosen_records()
     table = pd.DataFrame([row(r) for r in read_records(path) if r.get("kind") == "run" and r["status"] == "ok"])
     save(None, table, "compile_overlap")
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table.to_string(index=False))
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/compile_overlap.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, records="compile/records.jsonl",
+                       make="`./ddpbench run --impl ddp_core,torch --compile none,default --out "
+                            "results/compile/records.jsonl` (docs/ddp_core.md, \"Under torch.compile\")")
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,10 +5,12 @@
 # shows the size sweep's bus bandwidth, `algbw * 2(n-1)/n`.
 
 # %%
-from analysis.common import caption, figure, line_with_band, measured, save
+import sys
+
+from analysis.common import caption, figure, line_with_band, measured, save, script_main
 
 
-def main() -> None:
+def draw() -> None:
     """Plot E1 and the size sweep from results/runs/<machine>/e1_allreduce.jsonl."""
     frame = measured("e1_allreduce", kind="allreduce")
     if frame is None:
@@ -38,6 +40,11 @@ def main() -> None:
     save(fig, pd.concat(table)[columns], "e1_allreduce")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/e1_allreduce.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`", needs=("e1_allreduce",))
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,10 +5,12 @@
 # The paper: overlap saves 38.0% (ResNet50) and 35.2% (BERT) on NCCL, 26.8% and 21.5% on Gloo.
 
 # %%
+import sys
+
 import numpy as np
 import pandas as pd
 
-from analysis.common import PHASES, caption, figure, measured, save
+from analysis.common import PHASES, caption, figure, measured, save, script_main
 
 PAPER_SAVING = {("resnet50", "nccl"): 38.0, ("bert-base", "nccl"): 35.2,
                 ("resnet50", "gloo"): 26.8, ("bert-base", "gloo"): 21.5}
@@ -32,7 +34,7 @@ def overlap_table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> None:
+def draw() -> None:
     """Plot E2 from results/runs/<machine>/e2_overlap.jsonl."""
     frame = measured("e2_overlap")
     if frame is None:
@@ -56,6 +58,11 @@ def main() -> None:
     save(fig, table, "e2_overlap")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/e2_overlap.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`", needs=("e2_overlap",))
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

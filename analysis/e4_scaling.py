@@ -4,12 +4,14 @@
 # the ideal line is linear. The paper: near-linear with NCCL, far worse with Gloo.
 
 # %%
+import sys
+
 import pandas as pd
 
-from analysis.common import caption, figure, line_with_band, measured, save
+from analysis.common import caption, figure, line_with_band, measured, save, script_main
 
 
-def main() -> None:
+def draw() -> None:
     """Plot E4 from results/runs/<machine>/e4_scaling.jsonl."""
     frame = measured("e4_scaling")
     if frame is None:
@@ -38,6 +40,11 @@ def main() -> None:
     save(fig, table, "e4_scaling")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/e4_scaling.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`", needs=("e4_scaling",))
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,15 +5,22 @@
 # of n iterations, so that the synchronised iteration is weighed in.
 
 # %%
-from analysis.common import latency_against
+import sys
+
+from analysis.common import latency_against, script_main
 
 
-def main() -> None:
+def draw() -> None:
     """Plot E5 from results/runs/<machine>/e5_skip_sync.jsonl."""
     latency_against("e5_skip_sync", "sync_every", "reduce every n iterations", "E5: skip sync", xscale="log",
                     per_cycle=True)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/e5_skip_sync.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`", needs=("e5_skip_sync",))
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,12 +4,14 @@
 # student network imitating a fixed random teacher). The paper: no visible harm at small batch.
 
 # %%
+import sys
+
 import pandas as pd
 
-from analysis.common import caption, figure, runs, save
+from analysis.common import caption, figure, runs, save, script_main
 
 
-def main() -> None:
+def draw() -> None:
     """Plot E6 from results/runs/<machine>/e6_convergence.jsonl."""
     frame = runs("e6_convergence", kind="train")
     if frame.empty:
@@ -35,6 +37,11 @@ def main() -> None:
     save(fig, pd.DataFrame(rows), "e6_convergence")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/e6_convergence.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`", needs=("e6_convergence",))
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

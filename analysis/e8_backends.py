@@ -4,15 +4,17 @@
 # faster in most cases. On a machine without GPUs only Gloo runs, and this says so.
 
 # %%
+import sys
+
 import pandas as pd
 
-from analysis.common import RUN_EXPERIMENTS, caption, figure, runs, save, with_spread
+from analysis.common import RUN_EXPERIMENTS, caption, figure, runs, save, script_main, with_spread
 
 KEY = ["model", "impl", "device", "world_size", "bucket_mb", "sync_every", "process_groups", "comm_hook",
        "batch_size", "image_size", "seq_len"]
 
 
-def main() -> None:
+def draw() -> None:
     """Pair every config measured on both backends (across all run experiments)."""
     frames = [runs(name) for name in RUN_EXPERIMENTS]
     frame = pd.concat([f for f in frames if not f.empty], ignore_index=True) if any(not f.empty for f in frames) \
@@ -37,6 +39,11 @@ def main() -> None:
     save(fig, pairs, "e8_backends")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/e8_backends.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`", needs=tuple(RUN_EXPERIMENTS))
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

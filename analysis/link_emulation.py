@@ -13,10 +13,12 @@
 # %%
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pandas as pd
 
-from analysis.common import caption, figure, machine, results_dir, runs, save
+from analysis.common import caption, figure, runs, runs_folder, save, script_main
 from experiments.core.config import parse_rate
 from experiments.core.profile import find_profile
 from experiments.core.records import read_records
@@ -123,9 +125,9 @@ def bucket_table(folder_records: list[dict], machine_comm) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> None:
+def draw() -> None:
     """Tables and the figure of the emulated cluster, from whatever link records exist."""
-    folder = results_dir() / "runs" / machine()
+    folder = runs_folder()
     records = read_records(folder) if folder.exists() else []
     if not any(r.get("config", {}).get("link", "none") != "none" for r in records):
         save(None, pd.DataFrame(), "link_emulation",
@@ -190,6 +192,11 @@ def main() -> None:
          "link_emulation")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/link_emulation.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`", needs=("link_*",))
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

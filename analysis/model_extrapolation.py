@@ -14,9 +14,11 @@
 # %%
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 
-from analysis.common import figure, machine, results_dir, save
+from analysis.common import figure, runs_folder, save, script_main
 from experiments.core.profile import Profile
 from experiments.core.records import read_records
 from experiments.perfmodel.comm import CLUSTERS
@@ -30,7 +32,7 @@ BACKENDS = {"NCCL": "paper-v100-nccl", "Gloo": "paper-v100-gloo"}
 
 def v100_profiles() -> dict[str, Profile]:
     """This machine's profiles of the paper's models, scaled to the estimated V100 compute time."""
-    folder = results_dir() / "runs" / machine()
+    folder = runs_folder()
     records = [r for r in read_records(folder) if r.get("kind") == "profile" and r["status"] == "ok"] \
         if folder.exists() else []
     profiles = {}
@@ -66,11 +68,11 @@ def predictions(profiles: dict[str, Profile]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> None:
+def draw() -> None:
     """Predict, plot the four experiments, save the table."""
     profiles = v100_profiles()
     if not profiles:
-        folder = results_dir() / "runs" / machine()
+        folder = runs_folder()
         found = sorted({r["config"]["model"] for r in (read_records(folder) if folder.exists() else [])
                         if r.get("kind") == "profile"})
         # Say why: the reader of the report otherwise takes the empty section for a failure.
@@ -103,6 +105,11 @@ def main() -> None:
     save(fig, table, "model_extrapolation")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/model_extrapolation.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`")
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

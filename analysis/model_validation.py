@@ -10,10 +10,12 @@
 # %%
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pandas as pd
 
-from analysis.common import caption, figure, machine, results_dir, runs, save
+from analysis.common import caption, figure, runs, runs_folder, save, script_main
 from experiments.core.profile import find_profile
 from experiments.core.records import read_records
 from experiments.perfmodel.comm import fit
@@ -44,9 +46,9 @@ def bucket_check(records: list[dict], comm) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> None:
+def draw() -> None:
     """Fit, predict every measured run, plot predicted against measured; tables for the report."""
-    folder = results_dir() / "runs" / machine()
+    folder = runs_folder()
     records = read_records(folder) if folder.exists() else []
     if not any(r.get("kind") == "profile" for r in records):
         save(None, pd.DataFrame(), "model_validation", note="no profile records; run `ddpbench profile`; skipped")
@@ -85,6 +87,11 @@ def main() -> None:
     print(f"model_validation: {len(rows)} runs, median |error| {errors.median():.1%}, worst {errors.max():.1%}")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/model_validation.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`")
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,9 +16,11 @@
 # %%
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 
-from analysis.common import caption, figure, runs, runs_folder, save
+from analysis.common import caption, figure, runs, runs_folder, save, script_main
 from experiments.core.stats import ratio_of_medians
 from experiments.perfmodel.comm import CLUSTERS
 from experiments.perfmodel.validation import prediction_errors
@@ -109,7 +111,7 @@ def model_errors() -> pd.DataFrame:
     return rows.assign(faithful=rows["busy_share"] <= BUSY_LIMIT)
 
 
-def main() -> None:
+def draw() -> None:
     """Tables for validation, dilation, fidelity and the model; a figure of E4, E3 and E7."""
     validation, dilation, frame = validation_table(), dilation_table(), scale_runs()
     save(None, validation, "scale_validation", note="" if not validation.empty else "no scale_validation records")
@@ -166,6 +168,11 @@ def main() -> None:
     save(fig, table, "scale_model")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/scale_model.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`", needs=("scale_*",))
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,12 +7,14 @@
 # estimate that can come out slightly below zero for a config.
 
 # %%
+import sys
+
 import pandas as pd
 
-from analysis.common import RUN_EXPERIMENTS, runs, save
+from analysis.common import RUN_EXPERIMENTS, runs, save, script_main
 
 
-def main() -> None:
+def draw() -> None:
     """Tabulate timing per experiment from the run records."""
     rows = []
     for name in RUN_EXPERIMENTS:
@@ -29,6 +31,11 @@ def main() -> None:
     save(None, pd.DataFrame(rows), "sweep_overhead", note="" if rows else "no records; skipped")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """`python analysis/sweep_overhead.py [--records PATH] [--out FOLDER]`: draw(), or 2 without records."""
+    return script_main(argv, draw, make="`./run_all.sh`", needs=tuple(RUN_EXPERIMENTS))
+
+
 # %%
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

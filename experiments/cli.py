@@ -237,7 +237,7 @@ def only_smoke_records(results: Path, machine: str) -> Path | None:
 def report(smoke: bool, reference: str | None) -> int:
     """Rebuild the main job's figures and report: this machine's (results/, or results/smoke/), or with
     `reference` the committed reference results of that machine (results/reference/<machine>/)."""
-    import runpy
+    import importlib
 
     results = Path(__file__).resolve().parent.parent / "results"
     if reference is not None:
@@ -258,9 +258,9 @@ def report(smoke: bool, reference: str | None) -> int:
             print(f"ddpbench report: error: this machine has only smoke records ({smoke_runs}); "
                   "`./ddpbench report --smoke` reports them, `./run_all.sh` makes the real ones", file=sys.stderr)
             return EXIT_BAD_INPUT
-    # The analysis scripts live beside the suite, not in its package: run the report as a module.
-    runpy.run_module("analysis.report", run_name="__main__")
-    return 0
+    # The analysis scripts live beside the suite, not in its package: import the report by name.
+    draw_report = importlib.import_module("analysis.report").main
+    return draw_report([])  # its records and folder from the environment set above
 
 
 def sweep_report(records: list[Path], out: Path | None, with_html: bool) -> int:

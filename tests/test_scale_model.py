@@ -193,7 +193,7 @@ def test_a_4_rank_emulated_sweep_over_2_hosts_records_undilated_times(tmp_path, 
     monkeypatch.setenv("DDPBENCH_MACHINE", "m")
     from analysis import scale_model
 
-    scale_model.main()
+    assert scale_model.main([]) == 0
     table = (tmp_path / "results" / "tables" / "scale_model.csv").read_text().splitlines()
     assert len(table) == 1 + 2 and (tmp_path / "results" / "figures" / "scale_model.png").exists()
     assert json.loads(json.dumps(records[0]["compute_source"]))["copies"] == 1
