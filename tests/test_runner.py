@@ -263,7 +263,7 @@ def test_run_warns_once_after_the_configs_that_another_process_kept_cores_busy_d
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)  # running before the config's measured iterations start
-        assert main(["run", *TINY, "--world-size", "2", "--iters", "30", "--seed", "1,2",
+        assert main(["run", *TINY, "--world-size", "2", "--iters", "20", "--seed", "1,2",
                      "--out", str(tmp_path / "r.jsonl")]) == 0
     finally:
         busy.kill()
