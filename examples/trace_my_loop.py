@@ -124,6 +124,12 @@ def _copy(index: int, args) -> None:
         args.steps += 2  # keep the cores busy until the traced copy has finished
         train(args)
         return
+    if not torch.cuda.is_available():
+        # Not a profiler line of a user's loop: on a machine without a GPU, PyTorch built with CUDA asks the
+        # CUDA runtime for its devices to describe them in the trace (`deviceProperties`), even though only
+        # CPU activity is recorded, and Kineto logs "ERROR: gpuGetDeviceCount failed with code 35" (no CUDA
+        # driver). The trace is whole; level 5 leaves Kineto's errors, warnings and info unprinted.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     # PROFILER (1 of 3): record shapes (the gradients' sizes); skip a step, warm up one, keep the rest.
     with torch.profiler.profile(record_shapes=True,
                                 schedule=torch.profiler.schedule(wait=1, warmup=1, active=args.steps - 2)) as prof:
