@@ -211,14 +211,61 @@ def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys, monkeypatch
     assert estimate(ours["config"], records) == (pytest.approx(t["config_wall_s"]), 1)  # the same config
     assert estimate({**ours["config"], "iters": 6}, records)[0] == \
         pytest.approx(t["setup_s"] + t["warmup_s"] + 2 * t["measured_s"] + overhead)
-    # another machine's records give no estimate; --resume marks what it would skip
+    # measured into one --out, estimated for another: from this machine's timing log (once, not once per copy)
+    assert main([*argv, "--out", str(tmp_path / "elsewhere.jsonl"), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(": about " in line and "(from 1 record of this machine)" in line for line in lines[:4]), lines
+    assert not (tmp_path / "elsewhere.jsonl").exists()
+    # another machine's records give no estimate (with this machine's log out of sight); --resume marks what it
+    # would skip
     other = tmp_path / "other.jsonl"
     for record in records:
         append_record(other, {**record, "env": {**record["env"], "machine_id": "another"}})
+    monkeypatch.setenv("DDPBENCH_RESULTS", str(tmp_path / "no-log"))
     assert main([*argv, "--out", str(other), "--dry-run"]) == 0
     assert sum("no estimate" in line for line in capsys.readouterr().out.splitlines()) == 4
     assert main([*argv, "--resume", "--dry-run"]) == 0
     assert capsys.readouterr().out.count("skipped (already recorded") == 4
+
+
+def test_the_timing_log_keeps_this_machines_timings_skips_a_torn_line_and_is_bounded(tmp_path, monkeypatch):
+    from experiments.measure import timing_log
+    from experiments.measure.dryrun import estimate
+
+    config = dataclasses.asdict(RunConfig(iters=10, warmup=2))
+    timing = {"setup_s": 1.0, "warmup_s": 0.2, "measured_s": 1.0, "config_wall_s": 2.5, "cores_busy": 1.0}
+    record = {"kind": "run", "status": "ok", "config": config, "timing": timing,
+              "env": {"machine_id": "mine", "time": "2026-01-01T00:00:00Z"}}
+    timing_log.append(record, tmp_path)
+    timing_log.append({**record, "env": {"machine_id": "another"}}, tmp_path)
+    timing_log.append({**record, "status": "failed"}, tmp_path)  # no timing of a failed config is kept
+    with open(timing_log.log_path(tmp_path), "ab") as log:
+        log.write(b'{"config": {"iters": 3')  # a crash in the middle of a line
+    logged = timing_log.read("mine", tmp_path)
+    assert len(logged) == 1 and timing_log.read("nobody", tmp_path) == []
+    assert estimate(config, logged) == (pytest.approx(2.5), 1)
+    assert estimate({**config, "iters": 20}, logged)[0] == pytest.approx(3.5)  # 1 s more of measuring
+    timing_log.append(record, tmp_path)  # after the torn line: still read
+    assert len(timing_log.read("mine", tmp_path)) == 2
+    # bounded: past MAX_BYTES the log becomes timings.log.1 (the one before it dropped), and both are read
+    monkeypatch.setattr(timing_log, "MAX_BYTES", 1)
+    for _ in range(3):
+        timing_log.append(record, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["timings.log", "timings.log.1"]
+    assert len(timing_log.read("mine", tmp_path)) == 2
+
+
+def test_a_timing_log_that_cannot_be_written_is_said_once_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    from experiments.measure import timing_log
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setattr(timing_log, "_warned", False)
+    record = {"kind": "run", "status": "ok", "config": {"iters": 1, "warmup": 0}, "env": {"machine_id": "mine"},
+              "timing": {"setup_s": 1.0, "warmup_s": 0.0, "measured_s": 1.0, "config_wall_s": 2.0}}
+    timing_log.append(record, blocker / "runs")
+    timing_log.append(record, blocker / "runs")
+    assert capsys.readouterr().err.count("cannot add to the timing log") == 1
 
 
 @pytest.mark.timeout(300)

@@ -35,7 +35,7 @@ from experiments.core.records import (
 )
 from experiments.core.stats import slowest_rank_per_cycle, summarize
 from experiments.emulate import network
-from experiments.measure import progress
+from experiments.measure import progress, timing_log
 from experiments.measure.harness import measure
 from experiments.measure.launch import RankFailed, RankPool, RanksTimedOut
 
@@ -318,6 +318,7 @@ def run_sweep(configs: list[RunConfig], out: Path, resume: bool = False, timeout
         return _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo)
 
     def trace(config, record, per_rank):
+        timing_log.append(record)  # this machine's timings, whatever --out: what --dry-run estimates from
         if trace_dir is not None:
             write_trace(trace_dir, config, per_rank)
 
@@ -375,6 +376,7 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
         if rank == 0:
             record = {**make_record(config, gathered, time.perf_counter() - started), "env": env}
             record_or_exit(out, record, "run")
+            timing_log.append(record)
             if trace_dir is not None:
                 write_trace(trace_dir, config, gathered)
             line = f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}] {summary_line(record, varying)}"
