@@ -278,7 +278,7 @@ def test_on_a_terminal_the_iterations_of_a_config_show_as_a_bar(tmp_path, capsys
 
 
 def test_other_processes_keeping_cores_busy_are_told_apart_from_the_ranks():
-    from experiments.measure.sweep import busy_warning, other_cores_busy
+    from experiments.measure.sweep import BusyConfigs, other_cores_busy
 
     def rank(host, own, busy=None, wall=2.0):
         return {"load": {"host": host, "own_cpu_s": own, "machine_busy_s": busy, "measuring_s": wall}}
@@ -289,23 +289,36 @@ def test_other_processes_keeping_cores_busy_are_told_apart_from_the_ranks():
     assert other_cores_busy([rank("a", 1.0, 3.0), rank("b", 1.0)]) == pytest.approx(1.0)
     assert other_cores_busy([rank("a", 1.5, 2.0), rank("a", 1.0)]) == 0.0  # never below zero
     assert other_cores_busy([rank("a", 1.0, None)]) is None and other_cores_busy([{}]) is None
-    assert busy_warning({"timing": {"other_cores_busy": 0.1}, "env": {"cpu_count": 2}}) is None
-    warning = busy_warning({"timing": {"other_cores_busy": 0.5}, "env": {"cpu_count": 2}})
-    assert warning.startswith("ddpbench: warning: other processes kept 0.5 of 2 cores busy while this config")
+    busy = BusyConfigs()
+    assert busy.mark({"timing": {"other_cores_busy": 0.1}, "env": {"cpu_count": 2}}, "[1/3] seed=1") == ""
+    assert busy.warning(1) is None  # a quiet run says nothing
+    assert busy.mark({"timing": {"other_cores_busy": 0.5}, "env": {"cpu_count": 2}}, "[2/3] seed=2") == \
+        " (busy 0.5 cores)"
+    assert busy.warning(2).startswith("ddpbench: warning: other processes kept 0.5 of 2 cores busy while [2/3] "
+                                      "seed=2 was measured")
+    busy.mark({"timing": {"other_cores_busy": 1.04}, "env": {"cpu_count": 2}}, "[3/3] seed=3")
+    # one warning for the run: how many configs, the worst figure, and its config
+    assert busy.warning(3).startswith("ddpbench: warning: other processes kept cores busy while 2 of 3 configs were "
+                                      "measured (marked 'busy'; the most, 1.0 of 2 cores, during [3/3] seed=3)")
 
 
 @pytest.mark.timeout(300)
-def test_run_warns_after_a_config_that_another_process_kept_cores_busy_during(tmp_path, capsys):
+def test_run_warns_once_after_configs_that_another_process_kept_cores_busy_during(tmp_path, capsys):
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)  # running before the config's measured iterations start
-        assert main(["run", *TINY, "--world-size", "2", "--iters", "30", "--out", str(tmp_path / "r.jsonl")]) == 0
+        assert main(["run", *TINY, "--world-size", "2", "--iters", "30", "--seed", "1,2",
+                     "--out", str(tmp_path / "r.jsonl")]) == 0
     finally:
         busy.kill()
         busy.wait()
-    record = read_records(tmp_path / "r.jsonl")[0]
-    assert record["timing"]["other_cores_busy"] > 0.2, record["timing"]
-    assert "ddpbench: warning: other processes kept" in capsys.readouterr().err
+    records = read_records(tmp_path / "r.jsonl")
+    assert all(r["timing"]["other_cores_busy"] > 0.2 for r in records), [r["timing"] for r in records]
+    printed = capsys.readouterr()
+    lines = printed.out.splitlines()
+    assert all(" (busy " in line and line.endswith(" cores)") for line in lines[:2]), lines  # a mark on each line
+    assert printed.err.count("ddpbench: warning: other processes kept") == 1, printed.err  # one warning, at the end
+    assert "while 2 of 2 configs were measured" in printed.err and "during [" in printed.err, printed.err
 
 
 def flaky_measure(rank, world_size, fields):

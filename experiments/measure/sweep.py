@@ -97,16 +97,38 @@ def other_cores_busy(per_rank: list[dict]) -> float | None:
     return max(0.0, loads[0]["machine_busy_s"] - ours) / loads[0]["measuring_s"]
 
 
-def busy_warning(record: dict) -> str | None:
-    """A warning where other processes kept more than QUIET_CORES cores busy while `record` was measured
-    (its latencies then include waiting for them), as `ab` warns; None otherwise."""
-    other = (record.get("timing") or {}).get("other_cores_busy")
-    if other is None or other <= QUIET_CORES:
-        return None
-    cores = (record.get("env") or {}).get("cpu_count") or os.cpu_count()
-    return (f"ddpbench: warning: other processes kept {other:.1f} of {cores} cores busy while this config was "
-            "measured; its latencies may include waiting for them (measure it again on a quiet machine: --resume "
-            "skips only configs already recorded, so remove its record or use another --out)")
+class BusyConfigs:
+    """The configs of a run during which other processes kept more than QUIET_CORES cores busy (their
+    latencies then include waiting for them, as `ab` warns): a short mark on each one's line, and one
+    warning at the end of the run naming how many, the worst figure and its config (`timing.other_cores_busy`
+    stays in every record)."""
+
+    def __init__(self):
+        self.busy: list[tuple[float, str]] = []  # (other processes' cores, the config's "[N/M] what")
+        self.cores = None
+
+    def mark(self, record: dict, which: str) -> str:
+        """' (busy 1.0 cores)' for the line of a config measured while others kept cores busy, else '';
+        `which`: the config as the warning names it."""
+        other = (record.get("timing") or {}).get("other_cores_busy")
+        if other is None or other <= QUIET_CORES:
+            return ""
+        self.busy.append((other, which))
+        self.cores = (record.get("env") or {}).get("cpu_count") or os.cpu_count()
+        return f" (busy {other:.1f} cores)"
+
+    def warning(self, measured: int) -> str | None:
+        """The run's one warning, of `measured` configs; None where every config was measured quietly."""
+        if not self.busy:
+            return None
+        other, which = max(self.busy)
+        if len(self.busy) == 1:
+            what = f"kept {other:.1f} of {self.cores} cores busy while {which} was measured: its latencies"
+        else:
+            what = (f"kept cores busy while {len(self.busy)} of {measured} configs were measured (marked 'busy'; "
+                    f"the most, {other:.1f} of {self.cores} cores, during {which}): their latencies")
+        return (f"ddpbench: warning: other processes {what} may include waiting for them. Measure again on a quiet "
+                "machine (--resume skips only configs already recorded: remove their records or use another --out)")
 
 
 # Fields a summary line leaves out unless they vary within the sweep: they rarely tell configs apart.
@@ -199,8 +221,7 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
     iterations = IterationBar(shown, position=1)  # below the configs' bar
     say = echo if bar.disable else bar.write
 
-    def warn(line: str) -> None:
-        print(line, file=sys.stderr) if bar.disable else bar.write(line, file=sys.stderr)
+    busy = BusyConfigs()
 
     try:
         for (backend, _device, world_size, threads, link, ranks_per_host, dilation), group in itertools.groupby(
@@ -241,15 +262,18 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
                     counts[record["status"]] += 1
                     bar.update()
                     # N/M on every line: the only progress shown where stderr is not a terminal (CI, a log)
-                    say(f"[{counts['ok'] + counts['failed']}/{len(todo)}] {summary_line(record, varying)}")
-                    if (busy := busy_warning(record)) is not None:
-                        warn(busy)
+                    head = f"[{counts['ok'] + counts['failed']}/{len(todo)}]"
+                    mark = busy.mark(record, f"{head} {config_text(record['config'], varying)}")
+                    say(f"{head} {summary_line(record, varying)}{mark}")
             finally:
                 if pool is not None:
                     pool.close(graceful=sys.exc_info()[0] is None)
     finally:
         iterations.close()
         bar.close()
+        # once, after the last line (an interrupted run too): how many configs shared the machine, the worst
+        if (warning := busy.warning(counts["ok"] + counts["failed"])) is not None:
+            print(warning, file=sys.stderr)
     return counts
 
 
@@ -360,6 +384,7 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
     iterations = IterationBar(shown)
     progress.listen(iterations if shown else None)
     fresh = True
+    busy = BusyConfigs()
     for config in configs:
         if config_key(dataclasses.asdict(config)) in shared[0]:
             counts["skipped"] += 1
@@ -379,13 +404,15 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
             timing_log.append(record)
             if trace_dir is not None:
                 write_trace(trace_dir, config, gathered)
-            line = f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}] {summary_line(record, varying)}"
+            head = f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}]"
+            mark = busy.mark(record, f"{head} {config_text(record['config'], varying)}")
+            line = f"{head} {summary_line(record, varying)}{mark}"
             echo(line) if not shown else tqdm.write(line)  # (tqdm.write: above the bar, which it redraws)
-            if (busy := busy_warning(record)) is not None:
-                tqdm.write(busy, file=sys.stderr)
         counts["ok"] += 1
     progress.listen(None)
     iterations.close()
+    if (warning := busy.warning(counts["ok"])) is not None:  # (rank 0 alone marks configs: None elsewhere)
+        print(warning, file=sys.stderr)
     if owned:
         # Every rank leaves together, then the group is torn down: a rank whose process exits while
         # another still talks to it (rank 0 writing the last record) can make Gloo abort at exit.
