@@ -321,6 +321,16 @@ def test_run_warns_once_after_configs_that_another_process_kept_cores_busy_durin
     assert "while 2 of 2 configs were measured" in printed.err and "during [" in printed.err, printed.err
 
 
+def test_stderr_without_drops_only_the_lines_holding_its_needle(capfd):
+    from experiments.measure.launch import stderr_without
+
+    os.write(2, b"before\n")  # (file descriptor 2, where c10d's C++ logs go)
+    with stderr_without(b"cannot be retrieved"):
+        os.write(2, b"[W] keep this\n[W] [c10d] The hostname ... cannot be retrieved. err=-3\nand this\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "before\n[W] keep this\nand this\nafter\n"
+
+
 def flaky_measure(rank, world_size, fields):
     """A stand-in workload: config 1 crashes on rank 1, config 2 hangs on rank 0, the others succeed."""
     job = fields["seed"]
