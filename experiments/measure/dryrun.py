@@ -4,9 +4,9 @@ records allow an estimate; nothing is measured and no process starts.
 An estimate comes only from records of this machine (their `env.machine_id`): another machine's times
 say nothing of this one's. They are read from `--out`, this machine's folder, and its timing log
 (timing_log.py: every successful config `run` measured here, whatever its `--out`); one measurement
-found in several of them counts once. A record of the same config gives its wall time; one that differs only in
-iterations (`iters`, `warmup`) or in fields that do not change the work (`seed`, `reps`) gives its
-build time, plus its warm-up and measured times scaled to the asked iterations, plus its overhead.
+found in several of them counts once. A record of the same config gives its wall time; one that differs
+only in iterations (`iters`, `warmup`) or in fields that do not change the work (`seed`, `reps`) gives
+its build time, plus its warm-up and measured times scaled to the asked iterations, plus its overhead.
 The median over such records is shown. The first config of each set of ranks also pays for their
 start-up (a few seconds), as its records did where it was first too.
 """
