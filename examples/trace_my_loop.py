@@ -125,9 +125,10 @@ def _copy(index: int, args) -> None:
         train(args)
         return
     if not torch.cuda.is_available():
-        # Kineto (the profiler's back end) looks for GPUs and, finding no driver, logs "ERROR: ...
-        # gpuGetDeviceCount failed with code 35" although the CPU trace is complete. Level 5 keeps its
-        # error lines quiet on a machine without a GPU; a GPU machine keeps them (they matter there).
+        # Not a profiler line of a user's loop: on a machine without a GPU, PyTorch built with CUDA asks the
+        # CUDA runtime for its devices to describe them in the trace (`deviceProperties`), even though only
+        # CPU activity is recorded, and Kineto logs "ERROR: gpuGetDeviceCount failed with code 35" (no CUDA
+        # driver). The trace is whole; level 5 leaves Kineto's errors, warnings and info unprinted.
         os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     # PROFILER (1 of 3): record shapes (the gradients' sizes); skip a step, warm up one, keep the rest.
     with torch.profiler.profile(record_shapes=True,

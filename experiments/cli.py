@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", type=Path, metavar="DIR", help="write a Chrome/Perfetto trace per config here")
     run.add_argument("--dry-run", action="store_true",
                      help="list the configs, one line each, with the time each would take where records of this "
-                          "machine (in --out and results/runs/<machine>/) allow an estimate; runs nothing")
+                          "machine (in --out, results/runs/<machine>/ and its timing log of every config run "
+                          "measured here) allow an estimate; runs nothing")
 
     from experiments.measure import allreduce, train  # small modules; imported here to keep one parser in one place
     from experiments.regression import ab, compare
@@ -231,7 +232,9 @@ def only_smoke_records(results: Path, machine: str) -> Path | None:
     """The machine's smoke records folder where the smoke profile is all that ran here (no main job's
     records), else None."""
     smoke_runs = results / "smoke" / "runs" / machine
-    return smoke_runs if smoke_runs.is_dir() and not (results / "runs" / machine).is_dir() else None
+    # record files, not the folder: any `run` leaves its timing log there (measure/timing_log.py)
+    main_records = any((results / "runs" / machine).glob("*.jsonl"))
+    return smoke_runs if smoke_runs.is_dir() and not main_records else None
 
 
 def report(smoke: bool, reference: str | None) -> int:

@@ -24,6 +24,14 @@ if "DDPBENCH_MACHINE_FILE" not in os.environ:
     atexit.register(shutil.rmtree, _machines, ignore_errors=True)
 
 
+# This machine's results folder (results/runs/<machine>/: run's timing log, drift) is the tests' own as
+# well: no test writes into the repository's results/, nor reads what its user measured there.
+if "DDPBENCH_RESULTS" not in os.environ:
+    _results = tempfile.mkdtemp(prefix="ddpbench-tests-results-")
+    os.environ["DDPBENCH_RESULTS"] = _results
+    atexit.register(shutil.rmtree, _results, ignore_errors=True)
+
+
 # The handlers the session started with: a module-scoped fixture that changes them (one that runs
 # ranks or the CLI in-process) runs before a test's own fixtures, so each test starts from these.
 _HELD = {signal.SIGINT, signal.SIGTERM}

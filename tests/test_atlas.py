@@ -166,3 +166,58 @@ def test_atlas_cells_are_corrected_for_multiple_comparisons_by_benjamini_hochber
     assert all(r["significant"] for r in rows if r["option"] == "powersgd")
     assert all(r["q_bh"] >= r["p"] for r in rows)
     assert "**" not in tables.cell(null[0])
+
+
+DEPTHWISE_MODEL = '''"""A depthwise convolution of a channels-last input, as ConvNeXt's blocks have (their LayerNorm
+permutes): the gradient of its weight [C, 1, k, k] comes out channels-last, its strides differing from the
+weight's in the size-1 dimension."""
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, classes):
+        super().__init__()
+        self.depthwise = nn.Conv2d(3, 3, 7, padding=3, groups=3)
+        self.head = nn.Linear(3, classes)
+
+    def forward(self, x):
+        x = x.contiguous(memory_format=torch.channels_last)
+        return self.head(self.depthwise(x).permute(0, 2, 3, 1)).mean(dim=(1, 2))
+
+
+def build_model(classes: int = 3) -> nn.Module:
+    return Block(classes)
+
+
+def make_batch(model, batch_size, image_size, seq_len, generator):
+    return {"images": torch.randn(batch_size, 3, image_size, image_size, generator=generator),
+            "labels": torch.randint(0, 3, (batch_size,), generator=generator)}
+
+
+def loss(model, batch):
+    return nn.functional.cross_entropy(model(batch["images"]), batch["labels"])
+'''
+
+
+@pytest.mark.timeout(120)
+def test_the_bucket_view_variant_does_not_print_ddps_grad_strides_warning(tmp_path, capfd):
+    # DDP warns "Grad strides do not match bucket view strides" for a depthwise convolution's weight under
+    # gradient_as_bucket_view (ConvNeXt in the atlas): the strides differ in a size-1 dimension only.
+    import dataclasses
+
+    from experiments.atlas.interleave import measure_block
+    from experiments.measure.configs import resolve_grid
+    from experiments.measure.launch import run_ranks
+
+    (tmp_path / "depthwise.py").write_text(DEPTHWISE_MODEL)
+    model = plan.Model(str(tmp_path / "depthwise.py"), image_size=8, batch_size=2)
+    variants = {}
+    for variant in (plan.DEFAULT, "bucket_view"):
+        config = dataclasses.replace(plan.variant_config(model, variant, "none", 3, 3), world_size=1)
+        fields = {k: [x] for k, x in dataclasses.asdict(config).items() if k not in plan.HARDWARE}
+        variants[variant] = dataclasses.asdict(resolve_grid(fields)[0])
+    measured = run_ranks(measure_block, 1, (variants, "strides"))[0]
+    assert measured["bucket_view"]["observed"]["gradient_as_bucket_view"]
+    err = capfd.readouterr().err
+    assert "Grad strides do not match" not in err, err

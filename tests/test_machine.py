@@ -71,6 +71,7 @@ def test_the_reference_results_are_never_this_machines(machine_file):
     assert machines.machine_name() not in {p.name for p in (ROOT / "results" / "reference").iterdir()}
     env = {**os.environ, "DDPBENCH_MACHINE_FILE": str(machine_file)}
     env.pop("DDPBENCH_MACHINE", None)
+    env.pop("DDPBENCH_RESULTS", None)  # (conftest points it at the tests' own folder) the default folder
     done = subprocess.run([sys.executable, "-c", "from analysis.common import machine, runs_folder; "
                            "print(machine()); print(runs_folder())"], cwd=ROOT, env=env, capture_output=True,
                           text=True, check=True)

@@ -60,7 +60,8 @@ def test_allreduce_over_a_link_takes_the_time_its_rate_sets(tmp_path):
 def test_a_training_sweep_on_two_emulated_hosts_records_its_network(tmp_path, capfd):
     out = tmp_path / "r.jsonl"
     assert main(["run", *TINY, "--link", "200mbit", "--impl", "ddp_core,torch", "--out", str(out)]) == 0
-    # (c10d's lookup of a namespace's address, which no file names, is kept out of the run's output)
+    # (the parent's store and every rank connect to the switch's address, which has no name: c10d's warning
+    # about it is not printed, by the parent or by a rank)
     assert "hostname of the client socket" not in capfd.readouterr().err
     records = read_records(out)
     assert len(records) == 2 and all(r["status"] == "ok" and r["correct"] for r in records)

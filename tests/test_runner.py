@@ -211,14 +211,61 @@ def test_tiny_sweep_end_to_end_records_and_resumes(tmp_path, capsys, monkeypatch
     assert estimate(ours["config"], records) == (pytest.approx(t["config_wall_s"]), 1)  # the same config
     assert estimate({**ours["config"], "iters": 6}, records)[0] == \
         pytest.approx(t["setup_s"] + t["warmup_s"] + 2 * t["measured_s"] + overhead)
-    # another machine's records give no estimate; --resume marks what it would skip
+    # measured into one --out, estimated for another: from this machine's timing log (once, not once per copy)
+    assert main([*argv, "--out", str(tmp_path / "elsewhere.jsonl"), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(": about " in line and "(from 1 record of this machine)" in line for line in lines[:4]), lines
+    assert not (tmp_path / "elsewhere.jsonl").exists()
+    # another machine's records give no estimate (with this machine's log out of sight); --resume marks what it
+    # would skip
     other = tmp_path / "other.jsonl"
     for record in records:
         append_record(other, {**record, "env": {**record["env"], "machine_id": "another"}})
+    monkeypatch.setenv("DDPBENCH_RESULTS", str(tmp_path / "no-log"))
     assert main([*argv, "--out", str(other), "--dry-run"]) == 0
     assert sum("no estimate" in line for line in capsys.readouterr().out.splitlines()) == 4
     assert main([*argv, "--resume", "--dry-run"]) == 0
     assert capsys.readouterr().out.count("skipped (already recorded") == 4
+
+
+def test_the_timing_log_keeps_this_machines_timings_skips_a_torn_line_and_is_bounded(tmp_path, monkeypatch):
+    from experiments.measure import timing_log
+    from experiments.measure.dryrun import estimate
+
+    config = dataclasses.asdict(RunConfig(iters=10, warmup=2))
+    timing = {"setup_s": 1.0, "warmup_s": 0.2, "measured_s": 1.0, "config_wall_s": 2.5, "cores_busy": 1.0}
+    record = {"kind": "run", "status": "ok", "config": config, "timing": timing,
+              "env": {"machine_id": "mine", "time": "2026-01-01T00:00:00Z"}}
+    timing_log.append(record, tmp_path)
+    timing_log.append({**record, "env": {"machine_id": "another"}}, tmp_path)
+    timing_log.append({**record, "status": "failed"}, tmp_path)  # no timing of a failed config is kept
+    with open(timing_log.log_path(tmp_path), "ab") as log:
+        log.write(b'{"config": {"iters": 3')  # a crash in the middle of a line
+    logged = timing_log.read("mine", tmp_path)
+    assert len(logged) == 1 and timing_log.read("nobody", tmp_path) == []
+    assert estimate(config, logged) == (pytest.approx(2.5), 1)
+    assert estimate({**config, "iters": 20}, logged)[0] == pytest.approx(3.5)  # 1 s more of measuring
+    timing_log.append(record, tmp_path)  # after the torn line: still read
+    assert len(timing_log.read("mine", tmp_path)) == 2
+    # bounded: past MAX_BYTES the log becomes timings.log.1 (the one before it dropped), and both are read
+    monkeypatch.setattr(timing_log, "MAX_BYTES", 1)
+    for _ in range(3):
+        timing_log.append(record, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["timings.log", "timings.log.1"]
+    assert len(timing_log.read("mine", tmp_path)) == 2
+
+
+def test_a_timing_log_that_cannot_be_written_is_said_once_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    from experiments.measure import timing_log
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setattr(timing_log, "_warned", False)
+    record = {"kind": "run", "status": "ok", "config": {"iters": 1, "warmup": 0}, "env": {"machine_id": "mine"},
+              "timing": {"setup_s": 1.0, "warmup_s": 0.0, "measured_s": 1.0, "config_wall_s": 2.0}}
+    timing_log.append(record, blocker / "runs")
+    timing_log.append(record, blocker / "runs")
+    assert capsys.readouterr().err.count("cannot add to the timing log") == 1
 
 
 @pytest.mark.timeout(300)
@@ -231,7 +278,7 @@ def test_on_a_terminal_the_iterations_of_a_config_show_as_a_bar(tmp_path, capsys
 
 
 def test_other_processes_keeping_cores_busy_are_told_apart_from_the_ranks():
-    from experiments.measure.busy import BusyTally, busy_mark, other_cores_busy
+    from experiments.measure.sweep import BusyConfigs, other_cores_busy
 
     def rank(host, own, busy=None, wall=2.0):
         return {"load": {"host": host, "own_cpu_s": own, "machine_busy_s": busy, "measuring_s": wall}}
@@ -242,38 +289,46 @@ def test_other_processes_keeping_cores_busy_are_told_apart_from_the_ranks():
     assert other_cores_busy([rank("a", 1.0, 3.0), rank("b", 1.0)]) == pytest.approx(1.0)
     assert other_cores_busy([rank("a", 1.5, 2.0), rank("a", 1.0)]) == 0.0  # never below zero
     assert other_cores_busy([rank("a", 1.0, None)]) is None and other_cores_busy([{}]) is None
-
-    def record(other):
-        return {"status": "ok", "timing": {"other_cores_busy": other}, "env": {"cpu_count": 2}}
-
-    assert busy_mark(record(0.1)) == "" and busy_mark(record(None)) == ""
-    assert busy_mark(record(0.5)) == "  (busy: 0.5 other cores)"
-    tally = BusyTally()
-    tally.add(record(0.1), "[1/4]")
-    assert tally.warning() is None  # a quiet run says nothing
-    for label, other in (("[2/4]", 0.5), ("[3/4]", 1.3), ("[4/4]", 0.9)):
-        tally.add(record(other), label)
-    warning = tally.warning()
-    assert warning.startswith("ddpbench: warning: other processes kept cores busy while 3 of 4 configs were "
-                              "measured (marked 'busy'; worst 1.3 of 2 cores, [3/4])"), warning
+    busy = BusyConfigs()
+    assert busy.mark({"timing": {"other_cores_busy": 0.1}, "env": {"cpu_count": 2}}, "[1/3] seed=1") == ""
+    assert busy.warning(1) is None  # a quiet run says nothing
+    assert busy.mark({"timing": {"other_cores_busy": 0.5}, "env": {"cpu_count": 2}}, "[2/3] seed=2") == \
+        " (busy 0.5 cores)"
+    assert busy.warning(2).startswith("ddpbench: warning: other processes kept 0.5 of 2 cores busy while [2/3] "
+                                      "seed=2 was measured")
+    busy.mark({"timing": {"other_cores_busy": 1.04}, "env": {"cpu_count": 2}}, "[3/3] seed=3")
+    # one warning for the run: how many configs, the worst figure, and its config
+    assert busy.warning(3).startswith("ddpbench: warning: other processes kept cores busy while 2 of 3 configs were "
+                                      "measured (marked 'busy'; the most, 1.0 of 2 cores, during [3/3] seed=3)")
 
 
 @pytest.mark.timeout(300)
-def test_run_warns_once_after_the_configs_that_another_process_kept_cores_busy_during(tmp_path, capsys):
+def test_run_warns_once_after_configs_that_another_process_kept_cores_busy_during(tmp_path, capsys):
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)  # running before the config's measured iterations start
-        assert main(["run", *TINY, "--world-size", "2", "--iters", "20", "--seed", "1,2",
+        assert main(["run", *TINY, "--world-size", "2", "--iters", "30", "--seed", "1,2",
                      "--out", str(tmp_path / "r.jsonl")]) == 0
     finally:
         busy.kill()
         busy.wait()
     records = read_records(tmp_path / "r.jsonl")
     assert all(r["timing"]["other_cores_busy"] > 0.2 for r in records), [r["timing"] for r in records]
-    captured = capsys.readouterr()
-    assert captured.err.count("ddpbench: warning: other processes kept") == 1, captured.err
-    assert "while 2 of 2 configs were measured" in captured.err
-    assert captured.out.count("(busy: ") == 2, captured.out
+    printed = capsys.readouterr()
+    lines = printed.out.splitlines()
+    assert all(" (busy " in line and line.endswith(" cores)") for line in lines[:2]), lines  # a mark on each line
+    assert printed.err.count("ddpbench: warning: other processes kept") == 1, printed.err  # one warning, at the end
+    assert "while 2 of 2 configs were measured" in printed.err and "during [" in printed.err, printed.err
+
+
+def test_stderr_without_drops_only_the_lines_holding_its_needle(capfd):
+    from experiments.measure.launch import stderr_without
+
+    os.write(2, b"before\n")  # (file descriptor 2, where c10d's C++ logs go)
+    with stderr_without(b"cannot be retrieved"):
+        os.write(2, b"[W] keep this\n[W] [c10d] The hostname ... cannot be retrieved. err=-3\nand this\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "before\n[W] keep this\nand this\nafter\n"
 
 
 def flaky_measure(rank, world_size, fields):

@@ -54,4 +54,7 @@ def test_report_after_the_smoke_run_alone_points_at_report_smoke(tmp_path):
     (tmp_path / "smoke" / "runs" / "m").mkdir(parents=True)
     assert only_smoke_records(tmp_path, "m") == tmp_path / "smoke" / "runs" / "m"
     (tmp_path / "runs" / "m").mkdir(parents=True)
+    (tmp_path / "runs" / "m" / "timings.log").write_text("")  # any run's timing log is no main job's record
+    assert only_smoke_records(tmp_path, "m") == tmp_path / "smoke" / "runs" / "m"
+    (tmp_path / "runs" / "m" / "e1_allreduce.jsonl").write_text("")
     assert only_smoke_records(tmp_path, "m") is None  # the main job's records: report them

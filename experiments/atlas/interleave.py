@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 
 from experiments.core.config import RunConfig
 
@@ -39,6 +40,24 @@ def observe(ddp) -> dict:
             "compiled": inner is not ddp}
 
 
+# PyTorch's DDP warns once per process when a gradient's strides differ from its bucket view's.
+GRAD_STRIDES = "Grad strides do not match bucket view strides"
+
+
+def quiet_grad_strides_warning() -> None:
+    """Silence DDP's "Grad strides do not match bucket view strides" warning in this rank process, where it
+    says nothing about the variant measured.
+
+    With gradient_as_bucket_view, a depthwise convolution's weight [C, 1, k, k] has strides (k*k, k*k, k, 1),
+    and where its input is channels-last (ConvNeXt's 7x7 blocks: their LayerNorm permutes) the backward makes
+    a channels-last gradient, strides (k*k, 1, k, 1): they differ only in the size-1 dimension, so both lie
+    in memory alike, and the reducer copies the gradient into its bucket as it would any other. (The harness
+    sets gradients to None after each step, so every iteration's fresh gradient is copied into the bucket
+    view anyway; that copy is part of what the variant measures.)
+    """
+    warnings.filterwarnings("ignore", message=GRAD_STRIDES, category=UserWarning)
+
+
 def measure_block(rank: int, world_size: int, variants: dict[str, dict], session: str) -> dict:
     """On one rank: build a replica per variant (name -> RunConfig fields), warm each up, then run the
     rounds (each config's `iters`), one iteration per variant per round in a shuffled order. Returns, per
@@ -52,6 +71,8 @@ def measure_block(rank: int, world_size: int, variants: dict[str, dict], session
 
     cpu_start = time.process_time()
     configs = {name: RunConfig(**fields) for name, fields in variants.items()}
+    if any(c.bucket_view for c in configs.values()):
+        quiet_grad_strides_warning()
     names = list(configs)
     rounds = configs[names[0]].iters
     # A replica runs a little faster or slower depending on where its memory landed; building in a

@@ -2,9 +2,11 @@
 records allow an estimate; nothing is measured and no process starts.
 
 An estimate comes only from records of this machine (their `env.machine_id`): another machine's times
-say nothing of this one's. A record of the same config gives its wall time; one that differs only in
-iterations (`iters`, `warmup`) or in fields that do not change the work (`seed`, `reps`) gives its
-build time, plus its warm-up and measured times scaled to the asked iterations, plus its overhead.
+say nothing of this one's. They are read from `--out`, this machine's folder, and its timing log
+(timing_log.py: every successful config `run` measured here, whatever its `--out`); one measurement
+found in several of them counts once. A record of the same config gives its wall time; one that differs
+only in iterations (`iters`, `warmup`) or in fields that do not change the work (`seed`, `reps`) gives
+its build time, plus its warm-up and measured times scaled to the asked iterations, plus its overhead.
 The median over such records is shown. The first config of each set of ranks also pays for their
 start-up (a few seconds), as its records did where it was first too.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from experiments.core.machine import runs_folder, this_machine
 from experiments.core.records import SchemaError, config_key, read_records, recorded_keys
+from experiments.measure import timing_log
 from experiments.measure.sweep import config_text, varying_fields
 
 # Fields that change how long a config runs in proportion (iterations), or not at all.
@@ -39,6 +42,19 @@ def this_machines_records(paths: list[Path]) -> list[dict]:
                   and (r.get("env") or {}).get("machine_id") == mine and isinstance(r.get("timing"), dict)
                   and isinstance(r.get("config"), dict)]
     return found
+
+
+def once_each(records: list[dict]) -> list[dict]:
+    """`records` with each measurement once: the same config with the same timings, found in --out, in this
+    machine's folder and in its timing log, is one record."""
+    seen, kept = set(), []
+    for record in records:
+        t = record["timing"]
+        key = (config_key(record["config"]), *(t.get(k) for k in timing_log.TIMING_FIELDS))
+        if key not in seen:
+            seen.add(key)
+            kept.append(record)
+    return kept
 
 
 def _shape(config: dict) -> str:
@@ -75,9 +91,9 @@ def duration(seconds: float) -> str:
 
 def plan(configs: list, out: Path, resume: bool) -> list[str]:
     """The lines of `run --dry-run`: one per config, with its estimate or why there is none, then a
-    total. Records are read from `out` and this machine's folder."""
+    total. Records are read from `out`, this machine's folder and its timing log."""
     varying = varying_fields(configs)
-    records = this_machines_records([out, runs_folder()])
+    records = once_each(this_machines_records([out, runs_folder()]) + timing_log.read(this_machine()["id"]))
     done = recorded_keys(out) if resume and out.exists() else set()
     lines, total, estimated, skipped = [], 0.0, 0, 0
     for number, config in enumerate(configs, 1):

@@ -7,6 +7,7 @@ processes, so a sweep pays process and process-group start-up once per world siz
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import io
@@ -16,6 +17,8 @@ import os
 import queue
 import signal
 import socket
+import sys
+import tempfile
 import time
 import traceback
 from typing import Any, Callable
@@ -64,7 +67,7 @@ class RankPool:
             if self.cluster is not None:
                 self.cluster.create()
             # The parent owns the rendezvous store, so no port can be taken between choosing and binding it.
-            self._store = self._in_network(lambda: quiet_store_start(lambda: listening_store(host)))
+            self._store = self._in_network(lambda: listening_store(host))
         except BaseException:
             self._close_network()
             raise
@@ -181,6 +184,36 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: tuple = (), backend
         return pool.run(fn, args, timeout=timeout)
 
 
+# c10d's warning on connecting to a TCPStore whose address has no name (socket.cpp formats the peer's address
+# with getnameinfo): an emulated host's address (198.18.0.0/15) is in no /etc/hosts, and its namespace reaches
+# no DNS server, so the lookup fails (EAI_AGAIN, err=-3). The connection itself is fine; the address is
+# shown as numbers. No setting of c10d silences this one message (TORCH_CPP_LOG_LEVEL would hide all its
+# warnings), and the machine's /etc/hosts is not ours to change.
+NAMELESS_PEER = b"The hostname of the client socket cannot be retrieved"
+
+
+@contextlib.contextmanager
+def stderr_without(needle: bytes):
+    """Run the block with this process's standard error (file descriptor 2, where C++ logs go) caught, then
+    write what was printed back to it, less the lines that hold `needle`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as caught:
+            os.dup2(caught.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                caught.seek(0)
+                kept = [line for line in caught.read().splitlines(keepends=True) if needle not in line]
+                if kept:
+                    os.write(2, b"".join(kept))
+    finally:
+        os.close(saved)
+
+
 def listening_store(host: str) -> dist.TCPStore:
     """A master TCPStore that listens on `host` alone, on a free port (its `.port`).
 
@@ -192,41 +225,14 @@ def listening_store(host: str) -> dist.TCPStore:
     try:
         listener.bind(address[:2] if family == socket.AF_INET else address)
         listener.listen(socket.SOMAXCONN)
-        store = dist.TCPStore(host, listener.getsockname()[1], world_size=None, is_master=True,
-                              wait_for_workers=False, master_listen_fd=listener.fileno())
+        with stderr_without(NAMELESS_PEER):  # (the master store connects a client to itself)
+            store = dist.TCPStore(host, listener.getsockname()[1], world_size=None, is_master=True,
+                                  wait_for_workers=False, master_listen_fd=listener.fileno())
     except BaseException:
         listener.close()
         raise
     listener.detach()  # the store owns the socket now and closes it when it goes
     return store
-
-
-# What c10d logs as a store's client connects from an emulated host (the master's own client, in the
-# switch's namespace, and each rank's): for its log it looks up the name of the client socket's address,
-# which no hosts file names and no DNS server can be asked from inside a namespace. Nothing is wrong;
-# it came 3 times per pool of 2 ranks, into the run's output.
-_STORE_START_NOISE = "The hostname of the client socket cannot be retrieved"
-
-
-def quiet_store_start(make: Callable[[], Any]) -> Any:
-    """Call `make` (which starts the master store) with this process's stderr held in a file, then
-    write back every line of it but c10d's `_STORE_START_NOISE`: the store starts in a few milliseconds,
-    and whatever another thread wrote meanwhile still appears, only after it."""
-    import tempfile
-
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            return make()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            kept = [line for line in held.read().splitlines(keepends=True)
-                    if _STORE_START_NOISE.encode() not in line]
-            if kept:
-                os.write(2, b"".join(kept))
 
 
 def _die_with_parent() -> None:
@@ -252,11 +258,9 @@ def _worker_main(rank, world_size, backend, host, port, timeout, threads, tasks,
             # name resolves to, which may be an external one.
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(threads)
-
-        def connect() -> dist.TCPStore:
-            return dist.TCPStore(host, port, world_size=None, is_master=False, timeout=datetime.timedelta(seconds=timeout))
-
-        store = quiet_store_start(connect) if placement is not None else connect()
+        with stderr_without(NAMELESS_PEER):
+            store = dist.TCPStore(host, port, world_size=None, is_master=False,
+                                  timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
         while (task := tasks.get()) is not None:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from experiments.core.config import RunConfig
-from experiments.core.machine import environment, host_key, under_torchrun
+from experiments.core.machine import QUIET_CORES, environment, host_key, under_torchrun
 from experiments.core.records import (
     LATER_FIELDS,
     RUN_PHASES,
@@ -35,8 +35,7 @@ from experiments.core.records import (
 )
 from experiments.core.stats import slowest_rank_per_cycle, summarize
 from experiments.emulate import network
-from experiments.measure import progress
-from experiments.measure.busy import BusyTally, busy_mark, other_cores_busy
+from experiments.measure import progress, timing_log
 from experiments.measure.harness import measure
 from experiments.measure.launch import RankFailed, RankPool, RanksTimedOut
 
@@ -86,6 +85,50 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
     if per_rank[0].get("compute") is not None:
         record["compute_source"] = per_rank[0]["compute"]  # which profile the stand-in replayed
     return record
+
+
+def other_cores_busy(per_rank: list[dict]) -> float | None:
+    """The cores that processes other than the ranks kept busy on average during the measured iterations,
+    on rank 0's host: the machine's busy time less what that host's ranks used. None where unknown."""
+    loads = [r.get("load") for r in per_rank]
+    if None in loads or loads[0]["machine_busy_s"] is None or loads[0]["measuring_s"] <= 0:
+        return None
+    ours = sum(load["own_cpu_s"] for load in loads if load["host"] == loads[0]["host"])
+    return max(0.0, loads[0]["machine_busy_s"] - ours) / loads[0]["measuring_s"]
+
+
+class BusyConfigs:
+    """The configs of a run during which other processes kept more than QUIET_CORES cores busy (their
+    latencies then include waiting for them, as `ab` warns): a short mark on each one's line, and one
+    warning at the end of the run naming how many, the worst figure and its config (`timing.other_cores_busy`
+    stays in every record)."""
+
+    def __init__(self):
+        self.busy: list[tuple[float, str]] = []  # (other processes' cores, the config's "[N/M] what")
+        self.cores = None
+
+    def mark(self, record: dict, which: str) -> str:
+        """' (busy 1.0 cores)' for the line of a config measured while others kept cores busy, else '';
+        `which`: the config as the warning names it."""
+        other = (record.get("timing") or {}).get("other_cores_busy")
+        if other is None or other <= QUIET_CORES:
+            return ""
+        self.busy.append((other, which))
+        self.cores = (record.get("env") or {}).get("cpu_count") or os.cpu_count()
+        return f" (busy {other:.1f} cores)"
+
+    def warning(self, measured: int) -> str | None:
+        """The run's one warning, of `measured` configs; None where every config was measured quietly."""
+        if not self.busy:
+            return None
+        other, which = max(self.busy)
+        if len(self.busy) == 1:
+            what = f"kept {other:.1f} of {self.cores} cores busy while {which} was measured: its latencies"
+        else:
+            what = (f"kept cores busy while {len(self.busy)} of {measured} configs were measured (marked 'busy'; "
+                    f"the most, {other:.1f} of {self.cores} cores, during {which}): their latencies")
+        return (f"ddpbench: warning: other processes {what} may include waiting for them. Measure again on a quiet "
+                "machine (--resume skips only configs already recorded: remove their records or use another --out)")
 
 
 # Fields a summary line leaves out unless they vary within the sweep: they rarely tell configs apart.
@@ -178,7 +221,8 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
     iterations = IterationBar(shown, position=1)  # below the configs' bar
     say = echo if bar.disable else bar.write
 
-    tally = BusyTally()
+    busy = BusyConfigs()
+
     try:
         for (backend, _device, world_size, threads, link, ranks_per_host, dilation), group in itertools.groupby(
             todo, key=lambda job: (job.backend, job.device, job.world_size, job.threads, job.link, job.ranks_per_host,
@@ -218,17 +262,18 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
                     counts[record["status"]] += 1
                     bar.update()
                     # N/M on every line: the only progress shown where stderr is not a terminal (CI, a log)
-                    label = f"[{counts['ok'] + counts['failed']}/{len(todo)}]"
-                    say(f"{label} {summary_line(record, varying)}{busy_mark(record)}")
-                    tally.add(record, label)
+                    head = f"[{counts['ok'] + counts['failed']}/{len(todo)}]"
+                    mark = busy.mark(record, f"{head} {config_text(record['config'], varying)}")
+                    say(f"{head} {summary_line(record, varying)}{mark}")
             finally:
                 if pool is not None:
                     pool.close(graceful=sys.exc_info()[0] is None)
     finally:
         iterations.close()
         bar.close()
-        if (busy := tally.warning()) is not None:  # once per run, after the configs it concerns
-            print(busy, file=sys.stderr)
+        # once, after the last line (an interrupted run too): how many configs shared the machine, the worst
+        if (warning := busy.warning(counts["ok"] + counts["failed"])) is not None:
+            print(warning, file=sys.stderr)
     return counts
 
 
@@ -297,6 +342,7 @@ def run_sweep(configs: list[RunConfig], out: Path, resume: bool = False, timeout
         return _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo)
 
     def trace(config, record, per_rank):
+        timing_log.append(record)  # this machine's timings, whatever --out: what --dry-run estimates from
         if trace_dir is not None:
             write_trace(trace_dir, config, per_rank)
 
@@ -337,7 +383,8 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
     shown = rank == 0 and progress.shown()
     iterations = IterationBar(shown)
     progress.listen(iterations if shown else None)
-    fresh, tally = True, BusyTally()
+    fresh = True
+    busy = BusyConfigs()
     for config in configs:
         if config_key(dataclasses.asdict(config)) in shared[0]:
             counts["skipped"] += 1
@@ -354,17 +401,18 @@ def _run_under_torchrun(configs, out, resume, timeout, trace_dir, echo) -> dict:
         if rank == 0:
             record = {**make_record(config, gathered, time.perf_counter() - started), "env": env}
             record_or_exit(out, record, "run")
+            timing_log.append(record)
             if trace_dir is not None:
                 write_trace(trace_dir, config, gathered)
-            label = f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}]"
-            line = f"{label} {summary_line(record, varying)}{busy_mark(record)}"
+            head = f"[{counts['ok'] + counts['skipped'] + 1}/{len(configs)}]"
+            mark = busy.mark(record, f"{head} {config_text(record['config'], varying)}")
+            line = f"{head} {summary_line(record, varying)}{mark}"
             echo(line) if not shown else tqdm.write(line)  # (tqdm.write: above the bar, which it redraws)
-            tally.add(record, label)
         counts["ok"] += 1
     progress.listen(None)
     iterations.close()
-    if rank == 0 and (busy := tally.warning()) is not None:
-        print(busy, file=sys.stderr)
+    if (warning := busy.warning(counts["ok"])) is not None:  # (rank 0 alone marks configs: None elsewhere)
+        print(warning, file=sys.stderr)
     if owned:
         # Every rank leaves together, then the group is torn down: a rank whose process exits while
         # another still talks to it (rank 0 writing the last record) can make Gloo abort at exit.
