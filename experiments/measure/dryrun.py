@@ -7,8 +7,9 @@ say nothing of this one's. They are read from `--out`, this machine's folder, an
 found in several of them counts once. A record of the same config gives its wall time; one that differs
 only in iterations (`iters`, `warmup`) or in fields that do not change the work (`seed`, `reps`) gives
 its build time, plus its warm-up and measured times scaled to the asked iterations, plus its overhead.
-The median over such records is shown. The first config of each set of ranks also pays for their
-start-up (a few seconds), as its records did where it was first too.
+The median over such records is shown. A config that starts a set of ranks runs twice, as `run` does
+(fresh ranks run their first config once unrecorded: sweep.run_jobs), and is estimated so; the ranks'
+own start-up (a few seconds per set) is in no record and is said, not estimated.
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def plan(configs: list, out: Path, resume: bool) -> list[str]:
     varying = varying_fields(configs)
     records = once_each(this_machines_records([out, runs_folder()]) + timing_log.read(this_machine()["id"]))
     done = recorded_keys(out) if resume and out.exists() else set()
-    lines, total, estimated, skipped = [], 0.0, 0, 0
+    lines, total, estimated, skipped, pools, pool = [], 0.0, 0, 0, 0, None
     for number, config in enumerate(configs, 1):
         fields = dataclasses.asdict(config)
         head = f"[{number}/{len(configs)}] {config_text(fields, varying)}"
@@ -103,16 +104,27 @@ def plan(configs: list, out: Path, resume: bool) -> list[str]:
             lines.append(f"{head}: skipped (already recorded in {out}; --resume)")
             skipped += 1
             continue
+        fresh = pool_key(fields) != pool
+        pool, pools = pool_key(fields), pools + fresh
         guess = estimate(fields, records)
         if guess is None:
             lines.append(f"{head}: no estimate (no record of a like config from this machine)")
             continue
         seconds, count = guess
+        seconds *= 2 if fresh else 1
         total += seconds
         estimated += 1
-        lines.append(f"{head}: about {duration(seconds)} (from {count} record{'s' * (count != 1)} of this machine)")
+        lines.append(f"{head}: about {duration(seconds)} (from {count} record{'s' * (count != 1)} of this machine"
+                     + ("; run twice: fresh ranks run their first config once unrecorded" if fresh else "") + ")")
     todo = len(configs) - skipped
     lines.append(f"ddpbench run --dry-run: {todo} config(s) to measure, {skipped} skipped; about {duration(total)} "
                  f"for the {estimated} with an estimate" + (f", {todo - estimated} without" if todo > estimated else "")
+                 + (f", plus starting {pools} set(s) of ranks (seconds each, not estimated)" if pools else "")
                  + f" (machine {this_machine()['name']}); nothing was run")
     return lines
+
+
+def pool_key(fields: dict) -> tuple:
+    """What makes `run` start a new set of ranks between two configs (sweep.run_jobs groups by it)."""
+    return (fields["backend"], fields["device"], fields["world_size"], fields["threads"], fields["link"],
+            fields["ranks_per_host"], fields.get("time_dilation", 1.0))
