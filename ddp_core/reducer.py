@@ -144,9 +144,12 @@ class Reducer:
                                     cap_list_mb=self.cap_list_mb)
         self.order = list(order)  # the gradient order the buckets were built in (re-bucketing keeps it)
         # The old buckets are let go before the new ones are made: without gradient views their memory
-        # returns at once; with them, an old bucket lives until its last .grad moves to a new one, and
-        # since both layouts follow the same order, at most about one old bucket is alive beside the new.
+        # returns at once. With views, each .grad lives in an old bucket until it moves into a new one;
+        # the old buckets are remembered as address ranges only, so that each goes once nothing views it.
+        old = [(set(b.param_indices), b.flat.data_ptr(), b.flat.numel() * b.flat.element_size())
+               for b in getattr(self, "buckets", []) if not b.sparse] if self.gradient_as_bucket_view else []
         self.buckets, self._location = [], {}  # _location: parameter index -> (bucket, its gradient's view)
+        moved: set[int] = set()
         for b, indices in enumerate(assignment):
             bucket = GradBucket(b, [self.params[i] for i in indices], indices, is_last=b == len(assignment) - 1,
                                 sparse=self.sparse[indices[0]])
@@ -160,6 +163,23 @@ class Reducer:
                         if p.grad is not None:
                             view.copy_(p.grad)
                             p.grad = view
+                moved.update(indices)
+                old = self._release_cut_buckets(old, moved)
+
+    def _release_cut_buckets(self, old: list[tuple[set[int], int, int]], moved: set[int]) -> list:
+        """Old buckets that new ones cut through: their gradients not yet moved are copied out, so that
+        the old bucket's memory returns now. Its moved part is freed that way, and re-bucketing never holds
+        more than the gradients plus the new bucket being filled. Returns the old buckets still whole."""
+        whole = []
+        for indices, start, size in old:
+            if not indices & moved:
+                whole.append((indices, start, size))
+                continue
+            for i in indices - moved:
+                grad = self.params[i].grad
+                if grad is not None and start <= grad.data_ptr() < start + size:
+                    self.params[i].grad = grad.clone()  # (the new bucket will take it back as a view)
+        return whole
 
     def maybe_rebuild_buckets(self) -> None:
         """After the first synchronised iteration, re-bucket in the order gradients really arrived.
