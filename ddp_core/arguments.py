@@ -6,6 +6,7 @@ nothing for ddp_core's one-device-per-process design are refused with the reason
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -102,6 +103,16 @@ def check_cap(name: str, value: float) -> None:
     """A bucket cap in MB: a number >= 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"{name} must be a number >= 0 (0 means one parameter per bucket), got {value!r}")
+
+
+def check_cap_or_auto(name: str, value) -> bool:
+    """A bucket cap in MB (a number >= 0) or "auto" (ddp_core chooses it); True for "auto"."""
+    if value == "auto":
+        return True
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+        raise ValueError(f"{name}={value!r} is not allowed: it must be a number of MB >= 0 (0 means one "
+                         "parameter per bucket) or \"auto\" (ddp_core chooses the cap while it trains)")
+    return False
 
 
 def as_group_list(process_group) -> list[dist.ProcessGroup]:

@@ -25,6 +25,7 @@ from .arguments import (
     buffer_sync,
     check_backend_fits,
     check_cap,
+    check_cap_or_auto,
     check_cap_list,
     check_device_ids,
     check_output_device,
@@ -35,6 +36,7 @@ from .arguments import (
     sparse_gradient_parameters,
     synchronised_parameters,
 )
+from . import auto_bucket
 from .hooks import check_hook
 from .reducer import Reducer
 from .timing import logging_data
@@ -50,6 +52,10 @@ class DistributedDataParallel(nn.Module, Joinable):
     re-buckets once, after the first iteration, in gradient arrival order; `process_group` may be a
     list of groups over the same ranks, used round-robin by bucket. `static_graph=True` promises the
     same graph in every iteration, as in PyTorch (see the reducer). Uneven inputs: `join()`.
+    `bucket_cap_mb="auto"` (ddp_core only): the first synchronised iterations run on PyTorch's default caps
+    while ddp_core measures them; within at most 30 of them it chooses the cap and the first bucket's
+    cap from a schedule model and re-buckets once, identically on every rank (see `auto_bucket`);
+    `get_ddp_logging_data()` says what it chose and the predicted iteration of every candidate.
     """
 
     def __init__(
@@ -61,7 +67,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         broadcast_buffers: bool | None = None,
         init_sync: bool = True,
         process_group: dist.ProcessGroup | Sequence[dist.ProcessGroup] | None = None,
-        bucket_cap_mb: float | None = None,
+        bucket_cap_mb: float | str | None = None,
         find_unused_parameters: bool = False,
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
@@ -86,7 +92,9 @@ class DistributedDataParallel(nn.Module, Joinable):
                             batched_grad_copy=batched_grad_copy)
         if bucket_cap_mb is None:
             bucket_cap_mb = 25  # PyTorch's default
-        check_cap("bucket_cap_mb", bucket_cap_mb)
+        self._auto_bucket_cap = check_cap_or_auto("bucket_cap_mb", bucket_cap_mb)
+        if self._auto_bucket_cap:  # measured on PyTorch's default cap until the tuner chooses
+            bucket_cap_mb = auto_bucket.DEFAULT_CAP_MB
         check_cap("first_bucket_cap_mb", first_bucket_cap_mb)
         cap_list = check_cap_list(bucket_cap_mb_list)
         if check_reduction:
@@ -124,6 +132,8 @@ class DistributedDataParallel(nn.Module, Joinable):
             rebuild_buckets=rebuild_buckets, static_graph=static_graph, cap_list_mb=cap_list,
             skip_unused=skip_all_reduce_unused_params,
         )
+        if self._auto_bucket_cap and cap_list:
+            raise ValueError(f"bucket_cap_mb='auto' chooses the caps itself; it cannot go with bucket_cap_mb_list={cap_list!r}")
 
         if init_sync:
             check_same_parameters(named, groups[0])
@@ -162,6 +172,8 @@ class DistributedDataParallel(nn.Module, Joinable):
             sparse=[id(p) in sparse for _, p in named],
             **self._reducer_options,
         )
+        # bucket_cap_mb="auto": the reducer's tuner (a loaded copy measures and chooses afresh)
+        self._auto = auto_bucket.AutoBucket(self.reducer) if self._auto_bucket_cap else None
 
     def __getstate__(self) -> dict:
         """Pickle without process groups and reducer: they belong to this process and group."""
@@ -171,7 +183,7 @@ class DistributedDataParallel(nn.Module, Joinable):
                 "DDP): the groups given to the constructor cannot be rebuilt when loading"
             )
         state = self.__dict__.copy()
-        for key in ("_groups", "process_group", "_buffer_broadcast", "reducer"):
+        for key in ("_groups", "process_group", "_buffer_broadcast", "reducer", "_auto"):
             del state[key]
         # A join context's work handles belong to this process's communication.
         state["_join_work"] = None
@@ -199,6 +211,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._join_work = Join.notify_join_context(self)
         joining = self._join_config.enable
         self.reducer.maybe_rebuild_buckets()
+        if self._auto is not None and synchronise:
+            if joining:  # ranks that ran out of inputs count fewer iterations: they could not agree
+                self._auto.stop("join() began before the cap was chosen")
+            self._auto.before_forward()  # may choose the cap and re-bucket: a collective, on every rank
         if self.forward_sync_buffers and self._buffer_broadcast.kinds:
             # BatchNorm statistics and the like: rank 0's are the truth (a sync point per forward).
             # Under join, rank 0 may have stopped training: the highest rank still training is.
@@ -328,6 +344,8 @@ class _JoinHook(JoinHook):
         issue collectives (the join context itself shadowed their "not joined" all-reduce)."""
         ddp = self.ddp
         ddp.reducer.maybe_rebuild_buckets()
+        if ddp._auto is not None:
+            ddp._auto.stop("join() began before the cap was chosen")
         if ddp.forward_sync_buffers and ddp._buffer_broadcast.kinds:
             ddp._buffer_broadcast(ddp._common_rank(False))
         flag = torch.zeros(1, device=ddp.device)

@@ -91,6 +91,8 @@ class Reducer:
         self.comm_state: object = None
         # Optional timing observer (the benchmark harness sets one); see `ReducerObserver`.
         self.observer: ReducerObserver | None = None
+        # ddp_core's own observer, apart from the harness's: the bucket-cap tuner while it measures.
+        self.tuner: ReducerObserver | None = None
 
         # Before the first backward, guess that gradients arrive in reverse registration order.
         self.build_buckets(list(reversed(range(len(params)))))
@@ -140,25 +142,44 @@ class Reducer:
                  for p, sparse in zip(self.params, self.sparse)]
         assignment = assign_buckets(specs, order, self.bucket_cap_mb, self.first_bucket_cap_mb,
                                     cap_list_mb=self.cap_list_mb)
-        self.buckets = [
-            GradBucket(b, [self.params[i] for i in indices], indices, is_last=b == len(assignment) - 1,
-                       sparse=self.sparse[indices[0]])
-            for b, indices in enumerate(assignment)
-        ]
-        self._location = {}  # parameter index -> (bucket, its gradient's view in the bucket)
-        for bucket in self.buckets:
+        self.order = list(order)  # the gradient order the buckets were built in (re-bucketing keeps it)
+        # The old buckets are let go before the new ones are made: without gradient views their memory
+        # returns at once. With views, each .grad lives in an old bucket until it moves into a new one;
+        # the old buckets are remembered as address ranges only, so that each goes once nothing views it.
+        old = [(set(b.param_indices), b.flat.data_ptr(), b.flat.numel() * b.flat.element_size())
+               for b in getattr(self, "buckets", []) if not b.sparse] if self.gradient_as_bucket_view else []
+        self.buckets, self._location = [], {}  # _location: parameter index -> (bucket, its gradient's view)
+        moved: set[int] = set()
+        for b, indices in enumerate(assignment):
+            bucket = GradBucket(b, [self.params[i] for i in indices], indices, is_last=b == len(assignment) - 1,
+                                sparse=self.sparse[indices[0]])
+            self.buckets.append(bucket)
             views = [None] if bucket.sparse else bucket.views  # a sparse gradient has no view
             for i, view in zip(bucket.param_indices, views):
                 self._location[i] = (bucket, view)
-        if self.gradient_as_bucket_view:
-            with torch.no_grad():
-                for bucket in self.buckets:
-                    if bucket.sparse:
-                        continue  # a sparse gradient is a tensor of its own, never a view
+            if self.gradient_as_bucket_view and not bucket.sparse:  # (a sparse gradient is never a view)
+                with torch.no_grad():
                     for p, view in zip(bucket.parameters(), bucket.views):
                         if p.grad is not None:
                             view.copy_(p.grad)
                             p.grad = view
+                moved.update(indices)
+                old = self._release_cut_buckets(old, moved)
+
+    def _release_cut_buckets(self, old: list[tuple[set[int], int, int]], moved: set[int]) -> list:
+        """Old buckets that new ones cut through: their gradients not yet moved are copied out, so that
+        the old bucket's memory returns now. Its moved part is freed that way, and re-bucketing never holds
+        more than the gradients plus the new bucket being filled. Returns the old buckets still whole."""
+        whole = []
+        for indices, start, size in old:
+            if not indices & moved:
+                whole.append((indices, start, size))
+                continue
+            for i in indices - moved:
+                grad = self.params[i].grad
+                if grad is not None and start <= grad.data_ptr() < start + size:
+                    self.params[i].grad = grad.clone()  # (the new bucket will take it back as a view)
+        return whole
 
     def maybe_rebuild_buckets(self) -> None:
         """After the first synchronised iteration, re-bucket in the order gradients really arrived.
@@ -172,6 +193,16 @@ class Reducer:
         group = self.groups[0]
         dist.broadcast(order, src=dist.get_global_rank(group, 0), group=group)
         self.build_buckets(order.tolist())
+        self._describe_rebuilt()
+
+    def rebucket(self, bucket_cap_mb: float, first_bucket_cap_mb: float) -> None:
+        """Re-bucket under new caps, in the order of the current buckets (bucket_cap_mb="auto" does this
+        once, between iterations, with the same caps on every rank)."""
+        self.bucket_cap_mb, self.first_bucket_cap_mb = bucket_cap_mb, first_bucket_cap_mb
+        self.build_buckets(self.order)
+        self._describe_rebuilt()
+
+    def _describe_rebuilt(self) -> None:
         self.rebuilt_layout = {  # as PyTorch's logging data describes rebuilt buckets
             "rebuilt_bucket_sizes": ", ".join(str(0 if b.sparse else b.flat.numel() * b.flat.element_size())
                                               for b in self.buckets),
@@ -335,6 +366,8 @@ class Reducer:
             view.mul_(self._scale)
         if self.observer is not None:
             self.observer.parameter_ready(index)
+        if self.tuner is not None:
+            self.tuner.parameter_ready(index)
         bucket.pending -= 1
         if bucket.pending == 0 and self.overlap:
             self._launch_complete_buckets()
@@ -355,6 +388,8 @@ class Reducer:
         bucket.set_buffer(grad)
         if self.observer is not None:
             self.observer.parameter_ready(index)
+        if self.tuner is not None:
+            self.tuner.parameter_ready(index)
         bucket.pending -= 1
         if self.overlap:
             self._launch_complete_buckets()
@@ -428,6 +463,8 @@ class Reducer:
         self.times.mark("backward_compute_end")
         if self.observer is not None:
             self.observer.backward_computed()
+        if self.tuner is not None:
+            self.tuner.backward_computed()
         learned_now = self._learning_graph
         if learned_now:
             # Static graph, first iteration: every gradient is final only now. Remember the graph,
@@ -488,6 +525,8 @@ class Reducer:
         self._ready_order = []
         if self.observer is not None:
             self.observer.gradients_synchronised()
+        if self.tuner is not None:
+            self.tuner.gradients_synchronised()
 
     def _write_back_sparse(self, bucket: GradBucket, reduced: torch.Tensor, globally_used: list[int] | None) -> None:
         index = bucket.param_indices[0]

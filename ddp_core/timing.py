@@ -137,4 +137,5 @@ def logging_data(reducer, ddp) -> dict:
         **reducer.times.figures(),
         **_environment(backend, reducer.groups[0]),
         **({"has_error": 1, "error": ddp.logged_error} if ddp.logged_error else {}),
+        **(ddp._auto.logging_data() if getattr(ddp, "_auto", None) is not None else {}),
     }

@@ -126,16 +126,8 @@ def _inside(bucket: dict, backward: float) -> float:
 
 
 def _replay(buckets: list[dict], comm: CommModel, ranks: int, channels: int) -> float:
-    """Launch buckets in order over `channels`; returns when the last all-reduce completes."""
-    latency = comm.latency(ranks)
-    launched = link_free = 0.0
-    channel_free = [0.0] * channels
-    for index, bucket in enumerate(buckets):
-        launched = max(bucket["ready"], launched)  # bucket i never starts before bucket i-1
-        start = max(launched, channel_free[index % channels])
-        # The latency part runs in parallel across channels; the bandwidth part needs the shared link.
-        transfer = comm.allreduce(bucket["bytes"], ranks) - latency
-        link_free = max(start + latency, link_free) + transfer
-        channel_free[index % channels] = link_free
-        bucket.update(start=start, done=link_free)
-    return link_free
+    """Launch buckets in order over `channels`; returns when the last all-reduce completes (ddp_core's replay)."""
+    # (imported here: ddp_core's package imports torch, and the command line imports this module to parse options)
+    from ddp_core.schedule import replay
+
+    return replay(buckets, lambda nbytes: comm.allreduce(nbytes, ranks), comm.latency(ranks), channels)

@@ -1,0 +1,349 @@
+"""bucket_cap_mb="auto": ddp_core picks its own bucket cap from what it measures in the first iterations.
+
+What it does, in synchronised iterations (those whose backward reduces gradients; no_sync() ones do not
+count), all within `BUDGET` (30) of them:
+1. iterations 1-2 (`WARMUP`) run on PyTorch's default caps (25 MB, first bucket 1 MB) and are not
+   measured: the first runs on guessed buckets and rebuilds them in arrival order, as usual;
+2. iterations 3-7 (`MEASURED`) are timed from the reducer's own hooks: when each gradient is in its
+   bucket, when backward compute ends, when synchronisation ends, and the rest of the iteration;
+3. at the forward of iteration 8, every rank times a few blocking all-reduces of bucket-sized slices of
+   one scratch buffer (the largest bucket's size: the one extra copy this costs) and fits
+   `seconds = latency + bytes * per_byte`; the ranks combine their figures with an all-reduce (MAX:
+   the slowest rank gates every bucket), rank 0 decides, and broadcasts the choice, so ranks never
+   disagree; every rank then re-buckets once, in the same gradient order, and tuning is over.
+
+The decision is a model, not a measured search: each candidate (cap, first bucket cap) is replayed on
+paper with ddp_core's own schedule (`schedule.replay`, the one the suite's performance model uses) on
+the measured ready times and the fitted all-reduce cost, and the candidate with the lowest predicted
+iteration wins. A measured search would need one re-bucketing and several noisy iterations per
+candidate (tens of candidates: more than the budget), and iterations at bad caps cost the user; the
+model needs the probe's few milliseconds. Two schedule models are considered: communication beside
+compute (GPUs, or spare CPU cores: buckets overlap backward) and communication on the compute cores
+(nothing overlaps: each call adds its time); the one whose prediction for the measured layout is closer
+to the measured iteration is used, and the logging data say which. Gradients are exactly those of a
+fixed cap: only which gradients share a bucket changes.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .bucketing import MB, TensorSpec, assign_buckets
+from .schedule import replay
+
+BUDGET = 30  # synchronised iterations within which the cap is chosen (the switch comes well before)
+WARMUP = 2  # not measured: iteration 1 runs on guessed buckets, iteration 2 first on rebuilt ones
+MEASURED = 5  # timed iterations; medians over them
+DECIDE_AT = WARMUP + MEASURED + 1  # the synchronised forward that chooses and re-buckets
+assert DECIDE_AT <= BUDGET
+DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB = 25.0, 1.0  # PyTorch's; the cap used while measuring
+_STANDARD_CAPS_MB = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 200, 400)
+_MODELS = ("overlapped", "serial")
+
+
+@dataclass(frozen=True)
+class AllReduceCost:
+    """Seconds of one all-reduce of `nbytes`: `latency + per_byte * nbytes` (fitted by `fit`)."""
+
+    latency: float
+    per_byte: float
+
+    def seconds(self, nbytes: float) -> float:
+        """Predicted seconds of one all-reduce of `nbytes`."""
+        return self.latency + self.per_byte * nbytes
+
+    @classmethod
+    def fit(cls, sizes: Sequence[float], seconds: Sequence[float]) -> "AllReduceCost":
+        """Least-squares line through (bytes, seconds), neither term below 0 (noise can tilt a line)."""
+        if len(sizes) != len(seconds) or not sizes:
+            raise ValueError(f"sizes and seconds must be equally long and non-empty, got {len(sizes)} and {len(seconds)}")
+        n, mean_x, mean_y = len(sizes), sum(sizes) / len(sizes), sum(seconds) / len(seconds)
+        var = sum((x - mean_x) ** 2 for x in sizes)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes, seconds)) / var if var > 0 else 0.0
+        slope = max(0.0, slope)
+        return cls(latency=max(0.0, mean_y - slope * mean_x), per_byte=slope)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One (cap, first cap) replayed: its bucket count, predicted exposed communication and iteration."""
+
+    cap_mb: float
+    first_cap_mb: float
+    buckets: int
+    exposed: float  # seconds
+    predicted: float  # seconds per iteration
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The chosen caps, the schedule model used, and every candidate's prediction (why)."""
+
+    cap_mb: float
+    first_cap_mb: float
+    model: str  # "overlapped" (communication beside compute) or "serial" (on the compute cores)
+    candidates: tuple[Candidate, ...]
+
+    def describe(self) -> str:
+        """`cap/first MB: predicted ms (buckets)` per candidate, in candidate order."""
+        return "; ".join(f"{c.cap_mb:g}/{c.first_cap_mb:g} MB: {c.predicted * 1e3:.3f} ms ({c.buckets} buckets)"
+                         for c in self.candidates)
+
+
+def candidate_caps(specs: Sequence[TensorSpec], order: Sequence[int], first_cap_mb: float = DEFAULT_FIRST_CAP_MB,
+                   ) -> list[tuple[float, float]]:
+    """(cap, first cap) pairs worth replaying, largest cap first, one per distinct bucket layout.
+
+    Caps: the usual MB values and the model's size halved up to 6 times (a small model gets choices too);
+    first caps: `first_cap_mb`, a quarter of the cap, and the cap itself (no small first bucket)."""
+    total_mb = sum(s.nbytes for s in specs) / MB
+    caps = {c for c in _STANDARD_CAPS_MB if c < total_mb} | {total_mb / 2 ** k for k in range(7)}
+    seen, pairs = set(), []
+    for cap in sorted(caps, reverse=True):
+        for first in sorted({min(first_cap_mb, cap), cap / 4, cap}, reverse=True):
+            layout = tuple(map(tuple, assign_buckets(specs, order, cap, first)))
+            if layout not in seen:
+                seen.add(layout)
+                pairs.append((cap, first))
+    return pairs
+
+
+def predict(specs: Sequence[TensorSpec], order: Sequence[int], ready: Sequence[float], backward: float,
+            cost: AllReduceCost, cap_mb: float, first_cap_mb: float, model: str = "overlapped",
+            channels: int = 1, overlap: bool = True) -> tuple[float, int]:
+    """(exposed communication in seconds, bucket count) of one layout; `ready[i]`: seconds after the first
+    gradient at which parameter i's gradient is in its bucket; `backward`: when the last one is."""
+    if model not in _MODELS:
+        raise ValueError(f"model must be one of {_MODELS}, got {model!r}")
+    assignment = assign_buckets(specs, order, cap_mb, first_cap_mb)
+    buckets = [{"bytes": sum(specs[i].nbytes for i in indices),
+                "ready": max(ready[i] for i in indices) if overlap else backward} for indices in assignment]
+    if model == "serial":  # the cores that compute also communicate: every call adds its time
+        return sum(cost.seconds(b["bytes"]) for b in buckets), len(buckets)
+    done = replay(buckets, cost.seconds, cost.latency, channels)
+    return max(0.0, done - backward), len(buckets)
+
+
+def choose_model(specs, order, ready, backward, cost, measured_exposed: float, cap_mb: float, first_cap_mb: float,
+                 channels: int = 1, overlap: bool = True) -> str:
+    """The schedule model whose exposed communication for the measured layout is closest to the measured one."""
+    errors = {model: abs(predict(specs, order, ready, backward, cost, cap_mb, first_cap_mb, model, channels,
+                                 overlap)[0] - measured_exposed) for model in _MODELS}
+    return min(_MODELS, key=errors.__getitem__)  # a tie keeps "overlapped", listed first
+
+
+def choose_cap(specs: Sequence[TensorSpec], order: Sequence[int], ready: Sequence[float], backward: float,
+               cost: AllReduceCost, rest: float = 0.0, model: str = "overlapped", channels: int = 1,
+               overlap: bool = True, first_cap_mb: float = DEFAULT_FIRST_CAP_MB,
+               candidates: Sequence[tuple[float, float]] | None = None) -> Decision:
+    """The (cap, first cap) with the lowest predicted iteration `rest + backward + exposed communication`.
+
+    Pure: sizes (`specs`, bucketed in `order` as the reducer would), ready times, the all-reduce cost
+    and the schedule model in, a decision out. Equal predictions go to the larger cap (fewer calls)."""
+    if len(ready) != len(specs):
+        raise ValueError(f"ready must hold one time per parameter ({len(specs)}), got {len(ready)}")
+    pairs = list(candidates) if candidates is not None else candidate_caps(specs, order, first_cap_mb)
+    results = []
+    for cap, first in pairs:
+        exposed, count = predict(specs, order, ready, backward, cost, cap, first, model, channels, overlap)
+        results.append(Candidate(cap, first, count, exposed, rest + backward + exposed))
+    best = min(range(len(results)), key=lambda k: (results[k].predicted, -results[k].cap_mb))
+    return Decision(results[best].cap_mb, results[best].first_cap_mb, model, tuple(results))
+
+
+class _Clock:
+    """Time stamps that mean device time: perf_counter on the CPU, CUDA events on a GPU (read after a sync)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def stamp(self):
+        """Now (a float, or a recorded CUDA event)."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def since(self, origin, stamp) -> float:
+        """Seconds from `origin` to `stamp` (on CUDA, once both events completed)."""
+        return origin.elapsed_time(stamp) / 1e3 if self.cuda else stamp - origin
+
+    def sync(self) -> None:
+        """Wait for the device (a sync point: tuning iterations only)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+class AutoBucket:
+    """The tuner of one reducer: a reducer observer while measuring, then one decision and one re-bucketing.
+
+    Entry point: `before_forward()`, called by DistributedDataParallel at each synchronised forward."""
+
+    def __init__(self, reducer):
+        self.reducer = reducer
+        self.clock = _Clock(reducer.params[0].device)
+        self.first_cap_mb = reducer.first_bucket_cap_mb  # the user's: one of the first caps considered
+        self.iterations = 0  # finished synchronised iterations
+        self.state = "measuring"  # then "chosen", or "stopped: <why>"
+        self.decision: Decision | None = None
+        self.decided_after: int | None = None  # synchronised iterations before the switch
+        self.tuning_seconds = 0.0  # this rank's time in the decision (probe, collectives, re-bucketing)
+        self._samples: list[dict] = []  # per measured iteration: ready, backward, exposed, rest
+        self._stamps: dict = {}
+        self._previous_synced = None
+        reducer.tuner = self
+
+    # --- the entry point ---
+
+    def before_forward(self) -> None:
+        """At a synchronised forward: stamp it while measuring; at iteration DECIDE_AT, choose and re-bucket."""
+        if self.state != "measuring":
+            return
+        if self.iterations + 1 >= DECIDE_AT and len(self._samples) >= MEASURED:
+            start = time.perf_counter()
+            self._decide_and_switch()
+            self.tuning_seconds = time.perf_counter() - start
+            return
+        self._stamps = {"forward": self.clock.stamp(), "ready": {}}
+
+    def stop(self, why: str) -> None:
+        """Give up tuning (the caps stay as they are): e.g. under join(), where ranks' iterations differ."""
+        if self.state == "measuring":
+            self.state = f"stopped: {why}"
+            self.reducer.tuner = None
+
+    # --- the reducer observer protocol (called from autograd's threads) ---
+
+    def parameter_ready(self, index: int) -> None:
+        """Stamp when parameter `index`'s gradient is in its bucket."""
+        ready = self._stamps.get("ready")
+        if ready is not None and index not in ready:
+            ready[index] = self.clock.stamp()
+
+    def bucket_launched(self, index: int, future) -> None:
+        """Not needed: the all-reduce cost comes from the probe, apart from backward's contention."""
+
+    def backward_computed(self) -> None:
+        """Stamp the end of backward compute."""
+        if "ready" in self._stamps:
+            self._stamps["computed"] = self.clock.stamp()
+
+    def gradients_synchronised(self) -> None:
+        """One synchronised iteration finished: keep its figures if it is a measured one."""
+        self.iterations += 1
+        stamps, self._stamps = self._stamps, {}
+        synced = self.clock.stamp()
+        previous, self._previous_synced = self._previous_synced, synced
+        if self.iterations <= WARMUP or "computed" not in stamps or len(stamps["ready"]) != len(self.reducer.params):
+            return  # warm-up, or a backward that ddp_core's forward did not stamp
+        self.clock.sync()
+        since, forward, ready = self.clock.since, stamps["forward"], stamps["ready"]
+        first = min(ready.values(), key=lambda s: since(forward, s))
+        self._samples.append({
+            "ready": [since(first, ready[i]) for i in range(len(self.reducer.params))],
+            "backward": since(first, stamps["computed"]),
+            "exposed": since(stamps["computed"], synced),
+            # forward, loss and backward before the first gradient, plus the optimizer step (and anything
+            # else) between the previous iteration's synchronisation and this forward
+            "rest": since(forward, first) + (since(previous, forward) if previous is not None else 0.0),
+        })
+
+    # --- the decision ---
+
+    def _specs(self) -> list[TensorSpec]:
+        r = self.reducer
+        return [TensorSpec(p.numel() * p.element_size(), (p.dtype, p.device), sparse) for p, sparse in zip(r.params, r.sparse)]
+
+    def local_figures(self) -> dict:
+        """This rank's medians over the measured iterations and its probe's all-reduce times."""
+        n = len(self.reducer.params)
+        samples = self._samples[-MEASURED:]
+        sizes, seconds = self._probe()
+        return {"ready": [statistics.median(s["ready"][i] for s in samples) for i in range(n)],
+                **{key: statistics.median(s[key] for s in samples) for key in ("backward", "exposed", "rest")},
+                "sizes": sizes, "seconds": seconds}
+
+    def _probe(self) -> tuple[list[float], list[float]]:
+        """Time blocking all-reduces of slices of one scratch buffer as large as the largest bucket."""
+        r = self.reducer
+        flats = [b.flat for b in r.buckets if not b.sparse]
+        largest = max(flats, key=lambda f: f.numel() * f.element_size())
+        scratch = torch.zeros_like(largest)  # the one extra copy of the largest bucket
+        group = r.groups[0]
+        counts = sorted({max(1, round(scratch.numel() * f)) for f in (1 / 64, 1 / 16, 1 / 4, 1 / 2, 1)})
+        dist.all_reduce(scratch[:counts[0]], group=group)  # untimed: the first call of a size pays set-up
+        sizes, seconds = [], []
+        for count in counts:
+            times = []
+            for _ in range(3):
+                self.clock.sync()
+                start = time.perf_counter()
+                dist.all_reduce(scratch[:count], group=group)
+                self.clock.sync()
+                times.append(time.perf_counter() - start)
+            sizes.append(float(count * scratch.element_size()))
+            seconds.append(statistics.median(times))
+        del scratch
+        return sizes, seconds
+
+    def _decide_and_switch(self) -> None:
+        r = self.reducer
+        group = r.groups[0]
+        mine = self.local_figures()
+        # Combine: the slowest rank's figures (it gates every bucket); identical on every rank afterwards.
+        packed = torch.tensor([*mine["ready"], mine["backward"], mine["exposed"], mine["rest"], *mine["seconds"]],
+                              dtype=torch.float64)
+        on_device = packed.to(r.params[0].device)
+        dist.all_reduce(on_device, op=dist.ReduceOp.MAX, group=group)
+        combined = on_device.cpu().tolist()
+        n = len(r.params)
+        ready, (backward, exposed, rest), seconds = combined[:n], combined[n:n + 3], combined[n + 3:]
+        specs, order = self._specs(), list(r.order)
+        pairs = candidate_caps(specs, order, self.first_cap_mb)
+        choice = torch.zeros(2 + len(pairs), dtype=torch.float64)  # [candidate, model, predictions...]
+        if dist.get_rank(group) == 0:
+            cost = AllReduceCost.fit(mine["sizes"], seconds)
+            channels = len(r.groups)
+            model = choose_model(specs, order, ready, backward, cost, exposed, r.bucket_cap_mb, r.first_bucket_cap_mb,
+                                 channels, r.overlap)
+            decision = choose_cap(specs, order, ready, backward, cost, rest, model, channels, r.overlap,
+                                  candidates=pairs)
+            best = next(k for k, c in enumerate(decision.candidates)
+                        if (c.cap_mb, c.first_cap_mb) == (decision.cap_mb, decision.first_cap_mb))
+            choice[0], choice[1] = best, _MODELS.index(model)
+            choice[2:] = torch.tensor([c.predicted for c in decision.candidates], dtype=torch.float64)
+        on_device = choice.to(r.params[0].device)
+        # Rank 0's decision is everyone's: ranks never disagree about the buckets.
+        dist.broadcast(on_device, src=dist.get_global_rank(group, 0), group=group)
+        choice = on_device.cpu().tolist()
+        best, model = int(choice[0]), _MODELS[int(choice[1])]
+        counts = [len(assign_buckets(specs, order, cap, first)) for cap, first in pairs]
+        candidates = tuple(Candidate(cap, first, count, max(0.0, predicted - rest - backward), predicted)
+                           for (cap, first), count, predicted in zip(pairs, counts, choice[2:]))
+        self.decision = Decision(pairs[best][0], pairs[best][1], model, candidates)
+        self.decided_after = self.iterations
+        r.rebucket(self.decision.cap_mb, self.decision.first_cap_mb)
+        self.state = "chosen"
+        r.tuner = None  # measuring is over: no more stamps on the hot path
+        self._samples = []
+
+    def logging_data(self) -> dict:
+        """What the logging data say about the tuning: its state and, once chosen, the caps and why."""
+        figures = {"bucket_cap_auto": 1, "auto_bucket_state": self.state, "auto_bucket_budget_iterations": BUDGET}
+        if self.decision is not None:
+            d = self.decision
+            figures.update({
+                "auto_bucket_cap_mb": d.cap_mb, "auto_first_bucket_cap_mb": d.first_cap_mb,
+                "auto_bucket_decided_after_iterations": self.decided_after,
+                "auto_bucket_model": d.model,
+                "auto_bucket_predictions": d.describe(),
+                "auto_bucket_tuning_seconds": self.tuning_seconds,
+            })
+        return figures

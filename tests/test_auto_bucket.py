@@ -1,0 +1,269 @@
+"""bucket_cap_mb="auto": the decision is the schedule model's (unit tests of the pure function), the same on
+every rank even when their timings differ, made once within the budget, told by the logging data, and it
+leaves gradients exactly those of a fixed cap (PyTorch's DDP) and of single-process training."""
+import math
+import weakref
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+from ddp_core import DistributedDataParallel, auto_bucket, reducer as reducer_module
+from ddp_core.auto_bucket import AllReduceCost, choose_cap, choose_model, predict
+from ddp_core.bucketing import MB, TensorSpec
+from experiments.measure.launch import RankPool
+from tests.tiny_models import build, loss_of, make_batch, make_optimizer, train_locally
+
+STEPS = auto_bucket.DECIDE_AT + 3  # a few iterations on the chosen buckets
+
+
+# --- the pure decision ---
+
+def _layers(count=16, mb=1.0, step=1e-3):
+    """`count` equal gradients of `mb` MB, ready one every `step` seconds, in order."""
+    specs = [TensorSpec(int(mb * MB), "float32") for _ in range(count)]
+    return specs, list(range(count)), [(i + 1) * step for i in range(count)], count * step
+
+
+def test_expensive_bytes_and_overlap_choose_a_small_cap():
+    specs, order, ready, backward = _layers()
+    # 1 ms per MB, almost no per-call latency: a bucket per layer hides all but the last behind backward
+    cost = AllReduceCost(latency=1e-5, per_byte=1e-3 / MB)
+    decision = choose_cap(specs, order, ready, backward, cost)
+    assert decision.cap_mb <= 1.0, decision.describe()
+    one_bucket = next(c for c in decision.candidates if c.buckets == 1)
+    best = min(decision.candidates, key=lambda c: c.predicted)
+    assert best.exposed < 0.1 * one_bucket.exposed, decision.describe()
+
+
+def test_per_call_latency_chooses_a_big_cap():
+    specs, order, ready, backward = _layers()
+    # 20 ms per call, bytes nearly free: every extra bucket costs a call that backward cannot hide
+    cost = AllReduceCost(latency=20e-3, per_byte=1e-6 / MB)
+    decision = choose_cap(specs, order, ready, backward, cost)
+    chosen = next(c for c in decision.candidates if (c.cap_mb, c.first_cap_mb) == (decision.cap_mb, decision.first_cap_mb))
+    assert chosen.buckets == 1, decision.describe()
+
+
+def test_serial_model_adds_every_call_and_so_chooses_one_bucket():
+    specs, order, ready, backward = _layers()
+    cost = AllReduceCost(latency=1e-4, per_byte=1e-3 / MB)
+    decision = choose_cap(specs, order, ready, backward, cost, model="serial")
+    assert decision.model == "serial"
+    assert decision.cap_mb * MB >= sum(s.nbytes for s in specs) / 2 ** 0 - 1  # the whole model in one bucket
+
+
+def test_model_choice_follows_the_measured_exposed_communication():
+    specs, order, ready, backward = _layers()
+    cost = AllReduceCost(latency=1e-5, per_byte=1e-3 / MB)
+    overlapped, _ = predict(specs, order, ready, backward, cost, 25, 1, "overlapped")
+    serial, _ = predict(specs, order, ready, backward, cost, 25, 1, "serial")
+    assert choose_model(specs, order, ready, backward, cost, overlapped, 25, 1) == "overlapped"
+    assert choose_model(specs, order, ready, backward, cost, serial, 25, 1) == "serial"
+
+
+def test_predictions_cover_every_candidate_and_name_the_caps():
+    specs, order, ready, backward = _layers()
+    decision = choose_cap(specs, order, ready, backward, AllReduceCost(1e-4, 1e-3 / MB), rest=5e-3)
+    assert len(decision.candidates) >= 5
+    assert all(c.predicted >= 5e-3 + backward for c in decision.candidates)  # rest + backward + exposed
+    assert f"{decision.cap_mb:g}/{decision.first_cap_mb:g} MB" in decision.describe()
+
+
+def test_cost_fit_recovers_a_line_and_never_goes_negative():
+    fitted = AllReduceCost.fit([1e3, 1e5, 1e6], [1e-4 + 2e-9 * x for x in (1e3, 1e5, 1e6)])
+    assert fitted.latency == pytest.approx(1e-4) and fitted.per_byte == pytest.approx(2e-9)
+    tilted = AllReduceCost.fit([1e3, 1e6], [2e-3, 1e-3])  # noise: bigger looked cheaper
+    assert tilted.per_byte == 0 and tilted.latency > 0
+
+
+@pytest.mark.parametrize("value", ["Auto", "25", -1, True, math.nan, math.inf, [25]])
+def test_bad_caps_are_refused_naming_parameter_value_and_allowed(value):
+    with pytest.raises(ValueError) as error:
+        DistributedDataParallel(torch.nn.Linear(2, 2), bucket_cap_mb=value)
+    message = str(error.value)
+    assert "bucket_cap_mb" in message and repr(value) in message and '"auto"' in message and ">= 0" in message
+
+
+# --- on ranks ---
+
+def _counted_rebucket(ddp):
+    """Wrap the reducer's rebucket to note the synchronised iteration of each call."""
+    calls, original = [], ddp.reducer.rebucket
+
+    def rebucket(*args):
+        calls.append(ddp.reducer.times.iterations)
+        original(*args)
+
+    ddp.reducer.rebucket = rebucket
+    return calls
+
+
+def _bytes_expensive(ddp):
+    """Make the tuner see expensive bytes and gradients far apart (small buckets then hide them): a real switch."""
+    own = ddp._auto.local_figures
+
+    def figures():
+        measured = own()
+        position = {index: k for k, index in enumerate(ddp.reducer.order)}
+        measured["ready"] = [(position[i] + 1) * 1e-2 for i in range(len(measured["ready"]))]
+        measured["backward"] = len(measured["ready"]) * 1e-2
+        measured["seconds"] = [size * 1e-5 for size in measured["sizes"]]
+        return measured
+
+    ddp._auto.local_figures = figures
+
+
+def train_auto_and_torch(rank, world_size, bucket_view):
+    """ddp_core auto beside PyTorch's DDP (25 MB) on the same batches: gradients per step, the switch, memory."""
+    name = "bert"
+    ours, theirs = build(name), build(name)
+    # Measured on 4 KB buckets rather than 25 MB, so that tiny BERT has several buckets to switch from.
+    default_cap, auto_bucket.DEFAULT_CAP_MB = auto_bucket.DEFAULT_CAP_MB, 0.004
+    ddp = DistributedDataParallel(ours, bucket_cap_mb="auto", gradient_as_bucket_view=bucket_view)
+    auto_bucket.DEFAULT_CAP_MB = default_cap
+    _bytes_expensive(ddp)
+    ref = TorchDDP(theirs, bucket_cap_mb=25, gradient_as_bucket_view=bucket_view)
+    calls = _counted_rebucket(ddp)
+    live, peaks = weakref.WeakSet(), []  # the reducer's flat buffers alive, and their bytes at each creation
+
+    class Tracked(reducer_module.GradBucket):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.flat is not None:
+                live.add(self.flat)
+            peaks.append(sum(f.numel() * f.element_size() for f in live))
+
+    original = reducer_module.GradBucket
+    reducer_module.GradBucket = Tracked  # (this rank's process only)
+    opt_ours, opt_theirs = make_optimizer("sgd", ddp.parameters()), make_optimizer("sgd", ref.parameters())
+    equal, layouts, largest_before = [], [], 0
+    try:
+        for step in range(STEPS):
+            if step + 1 == auto_bucket.DECIDE_AT:
+                largest_before = max(b.flat.numel() * b.flat.element_size() for b in ddp.reducer.buckets)
+                peaks.clear()
+            batch = make_batch(name, rank, step)
+            for model, opt in ((ddp, opt_ours), (ref, opt_theirs)):
+                opt.zero_grad(set_to_none=False)  # (with bucket views, .grad lives in the old buckets at the switch)
+                loss_of(model, name, batch).backward()
+            equal.append(all(torch.equal(p.grad, q.grad) for p, q in zip(ours.parameters(), theirs.parameters())))
+            layouts.append(ddp.get_ddp_logging_data()["bucket_sizes"])
+            opt_ours.step()
+            opt_theirs.step()
+    finally:
+        reducer_module.GradBucket = original
+    data = ddp.get_ddp_logging_data()
+    total = sum(p.numel() * p.element_size() for p in ours.parameters())
+    return {"equal": equal, "layouts": layouts, "calls": calls, "auto": {k: v for k, v in data.items() if "auto" in k},
+            "params": {k: v.detach().clone() for k, v in ours.named_parameters()},
+            "peak_extra": max(peaks) - total if peaks else None, "largest_before": largest_before,
+            "bucket_count": len(ddp.reducer.buckets),
+            "largest_after": max(b.flat.numel() * b.flat.element_size() for b in ddp.reducer.buckets)}
+
+
+def train_with_injected_timings(rank, world_size):
+    """Each rank reports different timings (as a loaded or slower rank would); returns what it chose."""
+    model = build("cnn_bn")
+    ddp = DistributedDataParallel(model, bucket_cap_mb="auto")
+    own, measured = ddp._auto.local_figures, {}
+
+    def skewed():
+        figures = own()
+        if rank == 0:  # per-call latency dominates
+            figures["seconds"] = [5e-3 for _ in figures["sizes"]]
+        elif rank == 1:  # bytes are expensive and gradients arrive far apart: small buckets hide them
+            figures["seconds"] = [size * 1e-5 for size in figures["sizes"]]
+            position = {index: k for k, index in enumerate(ddp.reducer.order)}
+            figures["ready"] = [(position[i] + 1) * 1e-2 for i in range(len(figures["ready"]))]
+            figures["backward"] = len(figures["ready"]) * 1e-2
+        else:
+            figures["seconds"] = [s * 3 for s in figures["seconds"]]
+        measured.update(figures)
+        return figures
+
+    ddp._auto.local_figures = skewed
+    opt = make_optimizer("sgd", ddp.parameters())
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss_of(ddp, "cnn_bn", make_batch("cnn_bn", rank, step)).backward()
+        opt.step()
+    data = ddp.get_ddp_logging_data()
+    r = ddp.reducer
+    specs = ddp._auto._specs()
+    # What this rank alone would have chosen from its own figures (to show the ranks did see different things)
+    alone = choose_cap(specs, r.order, measured["ready"], measured["backward"],
+                       AllReduceCost.fit(measured["sizes"], measured["seconds"]), measured["rest"])
+    return {"auto": {k: v for k, v in data.items() if "auto" in k}, "bucket_sizes": data["bucket_sizes"],
+            "alone": (alone.cap_mb, alone.first_cap_mb), "params": [p.detach().clone() for p in model.parameters()]}
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    with RankPool(2, timeout=120) as pool:
+        yield {view: pool.run(train_auto_and_torch, (view,), timeout=120) for view in (False, True)}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("bucket_view", [False, True], ids=["copy", "bucket_view"])
+def test_gradients_equal_torch_ddp_with_a_fixed_cap_before_and_after_the_switch(two_ranks, bucket_view):
+    for rank, result in enumerate(two_ranks[bucket_view]):
+        assert all(result["equal"]), f"rank {rank}: gradients differ from PyTorch's DDP at steps {result['equal']}"
+
+
+@pytest.mark.timeout(240)
+def test_parameters_equal_single_process_training(two_ranks):
+    reference = train_locally("bert", "sgd", 2, STEPS)
+    for key, expected in reference.named_parameters():
+        for result in two_ranks[False]:
+            torch.testing.assert_close(result["params"][key], expected.detach(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(240)
+def test_the_switch_happens_once_within_the_budget(two_ranks):
+    for result in two_ranks[False]:
+        assert result["calls"] == [auto_bucket.DECIDE_AT - 1], result["calls"]
+        assert auto_bucket.DECIDE_AT <= auto_bucket.BUDGET <= 30
+        measuring = result["layouts"][auto_bucket.WARMUP - 1:auto_bucket.DECIDE_AT - 1]  # after the usual rebuild
+        assert len(set(measuring)) == 1 and len(set(result["layouts"][auto_bucket.DECIDE_AT - 1:])) == 1
+        assert result["auto"]["auto_bucket_decided_after_iterations"] == auto_bucket.DECIDE_AT - 1
+        # expensive bytes, gradients far apart: more (smaller) buckets than the 4 KB ones it measured on
+        assert len(result["layouts"][-1].split(",")) > len(measuring[0].split(",")) > 1, result["layouts"]
+
+
+@pytest.mark.timeout(240)
+def test_logging_data_name_the_cap_and_every_candidate(two_ranks):
+    auto = two_ranks[False][0]["auto"]
+    assert auto["auto_bucket_state"] == "chosen" and auto["bucket_cap_auto"] == 1
+    cap, first = auto["auto_bucket_cap_mb"], auto["auto_first_bucket_cap_mb"]
+    entries = auto["auto_bucket_predictions"].split("; ")
+    assert len(entries) >= 3 and all(" ms (" in e for e in entries)
+    assert any(e.startswith(f"{cap:g}/{first:g} MB:") for e in entries)
+    assert auto["auto_bucket_model"] in ("overlapped", "serial")
+    assert two_ranks[False][0]["auto"] == two_ranks[False][1]["auto"] | {
+        "auto_bucket_tuning_seconds": auto["auto_bucket_tuning_seconds"]}
+
+
+@pytest.mark.timeout(240)
+def test_the_switch_costs_at_most_one_extra_copy_of_the_largest_bucket(two_ranks):
+    for view in (False, True):
+        for result in two_ranks[view]:
+            assert result["peak_extra"] is not None
+            # beyond one copy of the gradients: at most the largest bucket (the new one being filled)
+            largest = max(result["largest_before"], result["largest_after"])
+            assert result["peak_extra"] <= largest, (view, result["peak_extra"], largest)
+            if not view:  # copied gradients: the old buckets go before the new ones come
+                assert result["peak_extra"] == 0
+
+
+@pytest.mark.timeout(240)
+def test_ranks_agree_even_when_their_timings_differ():
+    with RankPool(3, timeout=120) as pool:
+        results = pool.run(train_with_injected_timings, (), timeout=120)
+    assert results[0]["alone"] != results[1]["alone"], "the injected timings did not make the ranks see different things"
+    first = results[0]
+    for rank, result in enumerate(results[1:], start=1):
+        auto = dict(result["auto"], auto_bucket_tuning_seconds=None)
+        assert auto == dict(first["auto"], auto_bucket_tuning_seconds=None), f"rank {rank} chose differently"
+        assert result["bucket_sizes"] == first["bucket_sizes"]
+        assert all(torch.equal(p, q) for p, q in zip(result["params"], first["params"])), f"rank {rank}'s replica differs"
