@@ -12,7 +12,7 @@ from tests.tiny_models import build, loss_of, make_batch
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a number >= 0.*-1"),
+    ({"bucket_cap_mb": -1}, "bucket_cap_mb=-1 is not allowed: it must be a number of MB >= 0.*or \"auto\""),
     ({"first_bucket_cap_mb": -0.5}, "first_bucket_cap_mb must be a number >= 0.*-0.5"),
     ({"bucket_cap_mb": "25"}, "bucket_cap_mb.*'25'"),
 ])
