@@ -43,6 +43,10 @@ MEASURED = 5  # timed iterations; medians over them
 DECIDE_AT = WARMUP + MEASURED + 1  # the synchronised forward that chooses and re-buckets
 assert DECIDE_AT <= BUDGET
 DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB = 25.0, 1.0  # PyTorch's; the cap used while measuring
+# A change of layout must be predicted to save more than this share of the measured iteration (and more
+# than the model's own error on the measured layout): medians of MEASURED iterations and a fitted cost
+# are not exact, and a switch on noise would trade the known layout for an unknown one.
+MIN_GAIN = 0.03
 _STANDARD_CAPS_MB = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 200, 400)
 _MODELS = ("overlapped", "serial")
 
@@ -89,6 +93,19 @@ class Decision:
     first_cap_mb: float
     model: str  # "overlapped" (communication beside compute) or "serial" (on the compute cores)
     candidates: tuple[Candidate, ...]
+    margin: float = 0.0  # seconds a candidate had to save against the measured layout (candidates[0])
+    kept: bool = False  # no candidate saved more: the measured layout stays
+
+    def reason(self) -> str:
+        """Why these caps, in one sentence, against the measured layout (the first candidate)."""
+        measured = self.candidates[0]
+        best = min(self.candidates, key=lambda c: c.predicted)
+        gain = (measured.predicted - best.predicted) * 1e3
+        if self.kept:
+            return (f"kept {measured.cap_mb:g}/{measured.first_cap_mb:g} MB: the best candidate predicts "
+                    f"{gain:.3f} ms less, within the margin of {self.margin * 1e3:.3f} ms")
+        return (f"{self.cap_mb:g}/{self.first_cap_mb:g} MB predicts {gain:.3f} ms less than the measured "
+                f"{measured.cap_mb:g}/{measured.first_cap_mb:g} MB, more than the margin of {self.margin * 1e3:.3f} ms")
 
     def describe(self) -> str:
         """`cap/first MB: predicted ms (buckets)` per candidate, in candidate order."""
@@ -97,14 +114,18 @@ class Decision:
 
 
 def candidate_caps(specs: Sequence[TensorSpec], order: Sequence[int], first_cap_mb: float = DEFAULT_FIRST_CAP_MB,
-                   ) -> list[tuple[float, float]]:
-    """(cap, first cap) pairs worth replaying, largest cap first, one per distinct bucket layout.
+                   measured: tuple[float, float] | None = None) -> list[tuple[float, float]]:
+    """(cap, first cap) pairs worth replaying, one per distinct bucket layout: `measured` (the caps the
+    iterations ran on) first where given, then the others, largest cap first.
 
     Caps: the usual MB values and the model's size halved up to 6 times (a small model gets choices too);
     first caps: `first_cap_mb`, a quarter of the cap, and the cap itself (no small first bucket)."""
     total_mb = sum(s.nbytes for s in specs) / MB
     caps = {c for c in _STANDARD_CAPS_MB if c < total_mb} | {total_mb / 2 ** k for k in range(7)}
     seen, pairs = set(), []
+    if measured is not None:
+        seen.add(tuple(map(tuple, assign_buckets(specs, order, *measured))))
+        pairs.append(tuple(measured))
     for cap in sorted(caps, reverse=True):
         for first in sorted({min(first_cap_mb, cap), cap / 4, cap}, reverse=True):
             layout = tuple(map(tuple, assign_buckets(specs, order, cap, first)))
@@ -141,11 +162,13 @@ def choose_model(specs, order, ready, backward, cost, measured_exposed: float, c
 def choose_cap(specs: Sequence[TensorSpec], order: Sequence[int], ready: Sequence[float], backward: float,
                cost: AllReduceCost, rest: float = 0.0, model: str = "overlapped", channels: int = 1,
                overlap: bool = True, first_cap_mb: float = DEFAULT_FIRST_CAP_MB,
-               candidates: Sequence[tuple[float, float]] | None = None) -> Decision:
+               candidates: Sequence[tuple[float, float]] | None = None, margin: float | None = None) -> Decision:
     """The (cap, first cap) with the lowest predicted iteration `rest + backward + exposed communication`.
 
     Pure: sizes (`specs`, bucketed in `order` as the reducer would), ready times, the all-reduce cost
-    and the schedule model in, a decision out. Equal predictions go to the larger cap (fewer calls)."""
+    and the schedule model in, a decision out. Equal predictions go to the larger cap (fewer calls).
+    With a `margin` (seconds), the first candidate is the measured layout, and it stays unless the best
+    one predicts more than `margin` less."""
     if len(ready) != len(specs):
         raise ValueError(f"ready must hold one time per parameter ({len(specs)}), got {len(ready)}")
     pairs = list(candidates) if candidates is not None else candidate_caps(specs, order, first_cap_mb)
@@ -154,7 +177,9 @@ def choose_cap(specs: Sequence[TensorSpec], order: Sequence[int], ready: Sequenc
         exposed, count = predict(specs, order, ready, backward, cost, cap, first, model, channels, overlap)
         results.append(Candidate(cap, first, count, exposed, rest + backward + exposed))
     best = min(range(len(results)), key=lambda k: (results[k].predicted, -results[k].cap_mb))
-    return Decision(results[best].cap_mb, results[best].first_cap_mb, model, tuple(results))
+    kept = margin is not None and results[best].predicted > results[0].predicted - margin
+    chosen = results[0] if kept else results[best]
+    return Decision(chosen.cap_mb, chosen.first_cap_mb, model, tuple(results), margin or 0.0, kept)
 
 
 class _Clock:
@@ -306,30 +331,34 @@ class AutoBucket:
         n = len(r.params)
         ready, (backward, exposed, rest), seconds = combined[:n], combined[n:n + 3], combined[n + 3:]
         specs, order = self._specs(), list(r.order)
-        pairs = candidate_caps(specs, order, self.first_cap_mb)
-        choice = torch.zeros(2 + len(pairs), dtype=torch.float64)  # [candidate, model, predictions...]
+        measured = (r.bucket_cap_mb, r.first_bucket_cap_mb)
+        pairs = candidate_caps(specs, order, self.first_cap_mb, measured)
+        choice = torch.zeros(3 + len(pairs), dtype=torch.float64)  # [candidate, model, margin, predictions...]
         if dist.get_rank(group) == 0:
             cost = AllReduceCost.fit(mine["sizes"], seconds)
             channels = len(r.groups)
-            model = choose_model(specs, order, ready, backward, cost, exposed, r.bucket_cap_mb, r.first_bucket_cap_mb,
-                                 channels, r.overlap)
+            model = choose_model(specs, order, ready, backward, cost, exposed, *measured, channels, r.overlap)
+            # the model's error on the layout it measured: a predicted gain below it is not believed
+            error = abs(predict(specs, order, ready, backward, cost, *measured, model, channels, r.overlap)[0] - exposed)
+            margin = max(MIN_GAIN * (rest + backward + exposed), error)
             decision = choose_cap(specs, order, ready, backward, cost, rest, model, channels, r.overlap,
-                                  candidates=pairs)
+                                  candidates=pairs, margin=margin)
             best = next(k for k, c in enumerate(decision.candidates)
                         if (c.cap_mb, c.first_cap_mb) == (decision.cap_mb, decision.first_cap_mb))
-            choice[0], choice[1] = best, _MODELS.index(model)
-            choice[2:] = torch.tensor([c.predicted for c in decision.candidates], dtype=torch.float64)
+            choice[0], choice[1], choice[2] = best, _MODELS.index(model), margin
+            choice[3:] = torch.tensor([c.predicted for c in decision.candidates], dtype=torch.float64)
         on_device = choice.to(r.params[0].device)
         # Rank 0's decision is everyone's: ranks never disagree about the buckets.
         dist.broadcast(on_device, src=dist.get_global_rank(group, 0), group=group)
         choice = on_device.cpu().tolist()
-        best, model = int(choice[0]), _MODELS[int(choice[1])]
+        best, model, margin = int(choice[0]), _MODELS[int(choice[1])], choice[2]
         counts = [len(assign_buckets(specs, order, cap, first)) for cap, first in pairs]
         candidates = tuple(Candidate(cap, first, count, max(0.0, predicted - rest - backward), predicted)
-                           for (cap, first), count, predicted in zip(pairs, counts, choice[2:]))
-        self.decision = Decision(pairs[best][0], pairs[best][1], model, candidates)
+                           for (cap, first), count, predicted in zip(pairs, counts, choice[3:]))
+        self.decision = Decision(pairs[best][0], pairs[best][1], model, candidates, margin, kept=best == 0)
         self.decided_after = self.iterations
-        r.rebucket(self.decision.cap_mb, self.decision.first_cap_mb)
+        if not self.decision.kept:  # (kept: the buckets are already those)
+            r.rebucket(self.decision.cap_mb, self.decision.first_cap_mb)
         self.state = "chosen"
         r.tuner = None  # measuring is over: no more stamps on the hot path
         self._samples = []
@@ -344,6 +373,7 @@ class AutoBucket:
                 "auto_bucket_decided_after_iterations": self.decided_after,
                 "auto_bucket_model": d.model,
                 "auto_bucket_predictions": d.describe(),
+                "auto_bucket_reason": d.reason(),
                 "auto_bucket_tuning_seconds": self.tuning_seconds,
             })
         return figures

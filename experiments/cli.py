@@ -52,6 +52,9 @@ def _add_list_params(parser: argparse.ArgumentParser, names: list[str]) -> None:
         if name == "impl":
             allowed = (" of torch (PyTorch's DistributedDataParallel), ddp_core (this project's rebuild of the paper's "
                        "system), ddp_core_no_overlap (ddp_core reducing after backward)")
+        if name == "bucket_mb":
+            allowed = (" of caps in MB (0: one parameter per bucket) or auto (ddp_core chooses its cap in its first "
+                       "synchronised iterations)")
         if name == "model_config":
             allowed = (" key=value pairs for --model (configuration fields of transformers:, builder keywords of "
                        "torchvision: and of a user file's build_model); several configurations separated by ';'")

@@ -4,6 +4,7 @@ import csv
 
 import pytest
 
+from ddp_core import auto_bucket
 from experiments.atlas import plan, runner
 from experiments.cli import main
 from experiments.core.records import read_records
@@ -57,14 +58,17 @@ def test_blocks_follow_memory_and_compile_gets_its_own():
     assert [b.name for b in whole] == ["main", "compile"]
     assert list(whole[0].configs) == [plan.DEFAULT, *MAIN_OPTIONS]
     assert list(whole[1].configs) == [plan.DEFAULT, "compile"]
-    # room for 4 replicas: 9 options in 3 blocks of the default and 3 options, every option once
-    split = plan.plan(models, [plan.DEFAULT, *OPTIONS], ["none"], 3, 3, memory_gb=_memory_for("bert-tiny", 4.5))
+    # room for 5 replicas: 11 options in 3 blocks of the default and 4, 4 and 3 options, every option once
+    split = plan.plan(models, [plan.DEFAULT, *OPTIONS], ["none"], 3, 3, memory_gb=_memory_for("bert-tiny", 5.5))
     assert [b.name for b in split] == ["main-1", "main-2", "main-3", "compile"]
-    assert all(list(b.configs)[0] == plan.DEFAULT and len(b.configs) == 4 for b in split[:3])
+    assert all(list(b.configs)[0] == plan.DEFAULT for b in split[:3])
+    assert [len(b.configs) for b in split[:3]] == [5, 5, 4]
     assert sorted(v for b in split for v in b.configs if v != plan.DEFAULT) == sorted(OPTIONS)
     for block in split:
         for variant, config in block.configs.items():  # PyTorch's DDP with the variant's options, nothing else
-            assert config.impl == "torch" and config.world_size == 2 and config.seed == 0
+            # PyTorch's DDP with the variant's options, but for ddp_core's own variants
+            assert config.impl == ("ddp_core" if variant in ("ddp_core", "bucket_auto") else "torch")
+            assert config.world_size == 2 and config.seed == 0
             expected = {**plan.expected_options(plan.variant_config(models["bert-tiny"], plan.DEFAULT, "none", 3, 3)),
                         **{"find_unused": {"find_unused_parameters": True}, "static_graph": {"static_graph": True},
                            "bucket_view": {"gradient_as_bucket_view": True}, "fp16_hook": {"comm_hook": "fp16_compress_hook"},
@@ -72,6 +76,7 @@ def test_blocks_follow_memory_and_compile_gets_its_own():
                            "powersgd": {"comm_hook": "powerSGD_hook", "powersgd_rank": plan.POWERSGD_RANK},
                            "compile": {"compiled": True}, "bucket_1mb": {"bucket_cap_mb": 1.0},
                            "bucket_5mb": {"bucket_cap_mb": 5.0}, "bucket_100mb": {"bucket_cap_mb": 100.0},
+                           "ddp_core": {"impl": "ddp_core"}, "bucket_auto": {"impl": "ddp_core", "bucket_cap_mb": "auto"},
                            plan.DEFAULT: {}}[variant]}
             assert plan.expected_options(config) == expected
 
@@ -91,6 +96,7 @@ def test_the_compiled_variant_is_pytorchs_ddp_under_torch_compile():
     config = plan.variant_config(plan.QUICK_MODELS["bert-tiny"], "compile", "none", 3, 3)
     seen = run_ranks(_compiled_options, 1, (config.__dict__,))[0]
     seen.pop("hook_iterations")
+    assert seen.pop("auto_bucket") is None
     assert seen == plan.expected_options(config) and seen["compiled"]
 
 
@@ -98,9 +104,9 @@ def test_the_compiled_variant_is_pytorchs_ddp_under_torch_compile():
 def test_a_quick_atlas_interleaves_every_variant_with_its_options(tmp_path, capsys):
     out = tmp_path / "atlas"
     rounds = 3
-    # room for 6 replicas: the 9 options run in 2 blocks, each with its own default
+    # room for 7 replicas: the 11 options run in 2 blocks, each with its own default
     assert main(["atlas", "--quick", "--models", "bert-tiny", "--variants", ",".join(MAIN_OPTIONS), "--rounds",
-                 str(rounds), "--memory-gb", f"{_memory_for('bert-tiny', 6.5)!r}", "--out", str(out)]) == 0
+                 str(rounds), "--memory-gb", f"{_memory_for('bert-tiny', 7.5)!r}", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "2 blocks ok, 0 failed" in printed
     records = read_records(out / runner.RECORDS)
@@ -121,12 +127,17 @@ def test_a_quick_atlas_interleaves_every_variant_with_its_options(tmp_path, caps
             assert len(record["latency_s"]) == rounds and all(x > 0 for x in record["latency_s"])
             observed = dict(record["atlas"]["observed"])
             # the DDP module reports exactly the options of its variant (as the C++ reducer was told)
-            iterations = observed.pop("hook_iterations")
+            iterations, auto = observed.pop("hook_iterations"), observed.pop("auto_bucket")
             config = plan.variant_config(plan.QUICK_MODELS["bert-tiny"], record["atlas"]["variant"], "none", rounds,
                                          plan.QUICK["warmup"])
             assert observed == plan.expected_options(config)
             if record["atlas"]["variant"] == "powersgd":  # the hook ran in every iteration, not only registered
                 assert iterations == plan.QUICK["warmup"] + rounds
+            if record["atlas"]["variant"] == "bucket_auto":  # it chose, in iterations of its own before warm-up
+                assert auto["auto_bucket_state"] == "chosen" and auto["auto_bucket_cap_mb"] > 0
+                assert len(record["atlas"]["tuning_s"]) == auto_bucket.DECIDE_AT
+            else:
+                assert auto is None and "tuning_s" not in record["atlas"]
     with open(out / "atlas.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert sorted(r["option"] for r in rows) == sorted(MAIN_OPTIONS)

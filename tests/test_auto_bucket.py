@@ -70,6 +70,30 @@ def test_predictions_cover_every_candidate_and_name_the_caps():
     assert f"{decision.cap_mb:g}/{decision.first_cap_mb:g} MB" in decision.describe()
 
 
+def test_a_gain_within_the_margin_keeps_the_measured_layout_and_a_larger_one_switches():
+    specs, order, ready, backward = _layers()
+    cost = AllReduceCost(latency=1e-5, per_byte=1e-3 / MB)  # small buckets pay (as in the test above)
+    pairs = auto_bucket.candidate_caps(specs, order, measured=(25.0, 1.0))
+    assert pairs[0] == (25.0, 1.0) and len(pairs) == len(set(pairs))
+    free = choose_cap(specs, order, ready, backward, cost, candidates=pairs)
+    gain = free.candidates[0].predicted - min(c.predicted for c in free.candidates)
+    assert gain > 0 and (free.cap_mb, free.first_cap_mb) != (25.0, 1.0)
+    kept = choose_cap(specs, order, ready, backward, cost, candidates=pairs, margin=gain * 1.01)
+    assert kept.kept and (kept.cap_mb, kept.first_cap_mb) == (25.0, 1.0) and "within the margin" in kept.reason()
+    switched = choose_cap(specs, order, ready, backward, cost, candidates=pairs, margin=gain * 0.99)
+    assert not switched.kept and (switched.cap_mb, switched.first_cap_mb) == (free.cap_mb, free.first_cap_mb)
+    assert "more than the margin" in switched.reason()
+
+
+def test_equal_predictions_keep_the_measured_layout():
+    specs, order, ready, backward = _layers()
+    # serial model, no per-call latency: every layout predicts the same iteration (up to rounding)
+    cost = AllReduceCost(latency=0.0, per_byte=1e-3 / MB)
+    pairs = auto_bucket.candidate_caps(specs, order, measured=(25.0, 1.0))
+    decision = choose_cap(specs, order, ready, backward, cost, model="serial", candidates=pairs, margin=1e-6)
+    assert decision.kept and (decision.cap_mb, decision.first_cap_mb) == (25.0, 1.0)
+
+
 def test_cost_fit_recovers_a_line_and_never_goes_negative():
     fitted = AllReduceCost.fit([1e3, 1e5, 1e6], [1e-4 + 2e-9 * x for x in (1e3, 1e5, 1e6)])
     assert fitted.latency == pytest.approx(1e-4) and fitted.per_byte == pytest.approx(2e-9)
@@ -109,6 +133,12 @@ def _bytes_expensive(ddp):
         measured["ready"] = [(position[i] + 1) * 1e-2 for i in range(len(measured["ready"]))]
         measured["backward"] = len(measured["ready"]) * 1e-2
         measured["seconds"] = [size * 1e-5 for size in measured["sizes"]]
+        # and measured the exposed communication these figures predict for its layout: a model that fits
+        # the measured layout (its error sets the margin a switch must beat)
+        r = ddp.reducer
+        measured["exposed"], _ = predict(ddp._auto._specs(), r.order, measured["ready"], measured["backward"],
+                                         AllReduceCost.fit(measured["sizes"], measured["seconds"]),
+                                         r.bucket_cap_mb, r.first_bucket_cap_mb)
         return measured
 
     ddp._auto.local_figures = figures

@@ -18,26 +18,31 @@ import random
 import time
 import warnings
 
-from experiments.core.config import RunConfig
+from experiments.core.config import AUTO_CAP, RunConfig
 
 
 def observe(ddp) -> dict:
-    """The options PyTorch's DDP module (or its torch.compile wrapper) runs with, as it reports them itself
-    (its logging data: what the C++ reducer was told), and its communication hook with that hook's state."""
+    """The options a DDP module (or its torch.compile wrapper) runs with, as it reports them itself (its
+    logging data: what the C++ reducer, or ddp_core's, was told), its communication hook with that hook's
+    state, and under bucket_cap_mb="auto" what ddp_core chose and why (`auto_bucket`, not an option)."""
+    import ddp_core
+
     inner = getattr(ddp, "_orig_mod", ddp)  # under torch.compile, the DDP module it wraps
     data = inner._get_ddp_logging_data()
     hooks = getattr(inner, "_comm_hooks", [])
     state = hooks[0][1] if hooks else None
-    return {"find_unused_parameters": bool(data.get("find_unused_parameters")),
+    auto = {k: v for k, v in data.items() if k.startswith("auto_")} if data.get("bucket_cap_auto") else None
+    return {"impl": "ddp_core" if isinstance(inner, ddp_core.DistributedDataParallel) else "torch",
+            "find_unused_parameters": bool(data.get("find_unused_parameters")),
             "static_graph": bool(data.get("static_graph")),
             "gradient_as_bucket_view": bool(data.get("gradient_as_bucket_view")),
-            "bucket_cap_mb": data["bucket_cap_bytes"] / 2**20,
+            "bucket_cap_mb": "auto" if auto is not None else data["bucket_cap_bytes"] / 2**20,
             "comm_hook": hooks[0][0].__name__ if hooks else "none",
             "powersgd_rank": getattr(state, "matrix_approximation_rank", None),
             # PowerSGD counts the iterations it ran (its state's `iter`): proof that the hook ran, not only
             # that it was registered
             "hook_iterations": getattr(state, "iter", None),
-            "compiled": inner is not ddp}
+            "compiled": inner is not ddp, "auto_bucket": auto}
 
 
 # PyTorch's DDP warns once per process when a gradient's strides differ from its bucket view's.
@@ -91,8 +96,10 @@ def measure_block(rank: int, world_size: int, variants: dict[str, dict], session
         harness.train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark, t.precision)
         return clock.seconds()["optimizer"]
 
-    warmup_s = {}
+    warmup_s, tuning_s = {}, {}
     for name in names:  # the first iteration of a compiled variant compiles: minutes, on a CPU
+        if configs[name].bucket_mb == AUTO_CAP:  # ddp_core chooses its cap first, in iterations of its own
+            tuning_s[name] = harness.tune_bucket_cap(trainees[name], trainees[name].ddp, clock)["iterations_s"]
         warmup_s[name] = sum(iteration(name) for _ in range(configs[name].warmup))
     local = {name: [] for name in names}
     positions = {name: [] for name in names}
@@ -109,12 +116,14 @@ def measure_block(rank: int, world_size: int, variants: dict[str, dict], session
     # destructor may talk to its process group).
     held = {name: released_by(lambda: trainees.pop(name), device) for name in names}
     setup = [None] * dist.get_world_size()
-    dist.all_gather_object(setup, {"warmup_s": warmup_s, "build_s": build_s, "held_mb": held,
+    dist.all_gather_object(setup, {"warmup_s": warmup_s, "tuning_s": tuning_s, "build_s": build_s, "held_mb": held,
                                    "cpu_s": time.process_time() - cpu_start})
     ranks_cpu_s = sum(s["cpu_s"] for s in setup)
     return {name: {"latency_s": slowest[i * rounds:(i + 1) * rounds], "positions": positions[name],
                    "warmup_s": max(s["warmup_s"][name] for s in setup), "build_s": max(s["build_s"][name] for s in setup),
                    "held_mb": max(s["held_mb"][name] for s in setup), "observed": observed[name],
+                   # bucket_auto: its tuning iterations, each the slowest rank's (none of them measured)
+                   "tuning_s": [max(t) for t in zip(*(s["tuning_s"][name] for s in setup))] if name in tuning_s else None,
                    "ranks_cpu_s": ranks_cpu_s}
             for i, name in enumerate(names)}
 

@@ -35,6 +35,11 @@ VARIANTS: dict[str, dict] = {
     "bucket_1mb": {"bucket_mb": 1.0},
     "bucket_5mb": {"bucket_mb": 5.0},
     "bucket_100mb": {"bucket_mb": 100.0},
+    # ddp_core (the paper's system rebuilt) at PyTorch's defaults, and ddp_core choosing its own cap while it
+    # trains (bucket_cap_mb="auto", which PyTorch's DDP lacks): beside each other they tell what the
+    # implementation costs apart from what the choice gains
+    "ddp_core": {"impl": "ddp_core"},
+    "bucket_auto": {"impl": "ddp_core", "bucket_mb": "auto"},
 }
 OWN_BLOCK = ("compile",)  # variants measured in a block of their own, against a default of that block
 # PowerSGD's state runs plain all-reduce for its first 2 iterations (harness.wrap), and DDP rebuilds its
@@ -114,10 +119,11 @@ def parse_names(flag: str, text: str, known) -> list[str]:
 
 
 def variant_config(model: Model, variant: str, link: str, rounds: int, warmup: int) -> RunConfig:
-    """The RunConfig of one variant: PyTorch's DDP at world size 2 with the variant's options; `iters`
-    counts the rounds (one measured iteration each), `warmup` the iterations before them."""
-    return RunConfig(**model.fields(), impl="torch", world_size=WORLD_SIZE, link=link, iters=rounds, warmup=warmup,
-                     **VARIANTS[variant])
+    """The RunConfig of one variant: PyTorch's DDP (unless the variant names another impl) at world size 2
+    with the variant's options; `iters` counts the rounds (one measured iteration each), `warmup` the
+    iterations before them (bucket_auto: after the iterations in which ddp_core chooses its cap)."""
+    return RunConfig(**{**model.fields(), "impl": "torch", "world_size": WORLD_SIZE, "link": link, "iters": rounds,
+                        "warmup": warmup, **VARIANTS[variant]})
 
 
 def parameters(config: RunConfig) -> int:
@@ -209,10 +215,10 @@ def plan(models: dict[str, Model], variants: list[str], links: list[str], rounds
 
 
 def expected_options(config: RunConfig) -> dict:
-    """What PyTorch's DDP must report for `config` (interleave.observe reads it from the live module)."""
+    """What the variant's DDP must report for `config` (interleave.observe reads it from the live module)."""
     hooks = {"none": "none", "fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook",
              "allreduce": "allreduce_hook", "powersgd": "powerSGD_hook"}
-    return {"find_unused_parameters": config.find_unused_parameters, "static_graph": config.static_graph,
+    return {"impl": config.impl, "find_unused_parameters": config.find_unused_parameters, "static_graph": config.static_graph,
             "gradient_as_bucket_view": config.bucket_view, "bucket_cap_mb": config.bucket_mb,
             "comm_hook": hooks[config.comm_hook],
             "powersgd_rank": config.powersgd_rank if config.comm_hook == "powersgd" else None,

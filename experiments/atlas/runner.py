@@ -39,6 +39,7 @@ def mismatches(block: Block, per_rank: list[dict]) -> list[str]:
         for variant, config in block.configs.items():
             expected, seen = expected_options(config), dict(result[variant]["observed"])
             seen.pop("hook_iterations")
+            seen.pop("auto_bucket")  # what auto chose: a finding, not an option
             if seen != expected:
                 differ = {k: seen[k] for k in expected if seen[k] != expected[k]}
                 wrong.append(f"{variant} on rank {rank}: DDP reports {differ}, its config asks for "
@@ -118,6 +119,7 @@ def run(blocks: list[Block], out_dir: Path, resume: bool, timeout: float, echo: 
                     "atlas": {"model": block.model, "variant": variant, "block": block.name, "session": session,
                               "positions": result["positions"], "observed": result["observed"],
                               "build_s": result["build_s"], "warmup_s": result["warmup_s"], "held_mb": result["held_mb"],
+                              **({"tuning_s": result["tuning_s"]} if result.get("tuning_s") is not None else {}),
                               "block_wall_s": wall,
                               "other_load": other}})
             counts["failed" if wrong else "ok"] += 1

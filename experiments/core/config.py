@@ -30,7 +30,7 @@ class RunConfig:
     backend: str = "gloo"
     device: str = "cpu"
     world_size: int = 2
-    bucket_mb: float = 25.0
+    bucket_mb: float | str = 25.0  # MB, or "auto": ddp_core chooses the cap while it trains (ddp_core.auto_bucket)
     sync_every: int = 1
     # PyTorch's DDP by default: what users train with; ddp_core (the paper's system rebuilt) where named
     impl: str = "torch"
@@ -69,7 +69,16 @@ def _boolean(text: str) -> bool:
 
 
 _boolean.__name__ = "boolean (true or false)"
-_TYPES = {"str": str, "int": int, "float": float, "bool": _boolean}
+
+
+def _cap(text: str) -> float | str:
+    return "auto" if text.lower() == "auto" else float(text)
+
+
+_cap.__name__ = "bucket cap (a number of MB, or auto)"
+AUTO_CAP = "auto"
+# (a field's type as its annotation reads: `from __future__ import annotations` keeps annotations as text)
+_TYPES = {"str": str, "int": int, "float": float, "bool": _boolean, "float | str": _cap}
 # torch.compile's modes (`default` is its default mode); `none` runs the model as it is.
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # The names of ddp_core.hooks.HOOKS, spelled out so that checking --comm-hook and showing it in --help
@@ -90,7 +99,7 @@ def parse_list(name: str, text: str) -> list:
             values.append(kind(item))
         except ValueError:
             raise ConfigError(f"--{_flag(name)}: {item!r} is not a valid {kind.__name__}") from None
-        if kind is float and not math.isfinite(values[-1]):  # float() takes nan and inf; no size or factor may be
+        if kind in (float, _cap) and isinstance(values[-1], float) and not math.isfinite(values[-1]):  # float() takes nan and inf; no size or factor may be
             raise ConfigError(f"--{_flag(name)}: {item!r} is not allowed; it must be a finite number")
     if name == "model_config":
         return values  # "" is allowed: the defaults
@@ -122,14 +131,38 @@ def check_config(config: RunConfig, gpu_count: int | None = None) -> None:
     if config.iters % config.sync_every:
         raise ConfigError(f"--iters={config.iters} must be a multiple of --sync-every={config.sync_every}, so that "
                           "every measured window holds whole cycles of skipped and synchronised iterations")
-    if config.bucket_mb < 0:
-        raise ConfigError(f"--bucket-mb={config.bucket_mb} is not allowed; it must be >= 0 (0 = one parameter per bucket)")
+    check_bucket_cap(config)
     validate_network(config.link, config.ranks_per_host, config.world_size)
     validate_compute(config)
     if config.impl == "torch" and (config.process_groups > 1):
         raise ConfigError("--process-groups > 1 needs --impl ddp_core or ddp_core_no_overlap (PyTorch's DDP takes one group)")
     check_ddp_options(config)
     validate_backend(config.backend, config.device, config.world_size, gpu_count)
+
+
+def check_bucket_cap(config: RunConfig) -> None:
+    """Raise ConfigError unless --bucket-mb is a number >= 0 or `auto` with an implementation and options
+    that can choose their cap while training."""
+    cap = config.bucket_mb
+    if isinstance(cap, str):
+        if cap != AUTO_CAP:
+            raise ConfigError(f"--bucket-mb={cap!r} is not allowed; it must be a number of MB >= 0 or auto")
+        if config.impl == "torch":
+            raise ConfigError("--bucket-mb auto needs --impl ddp_core or ddp_core_no_overlap: PyTorch's DDP has no "
+                              "bucket tuner (ddp_core chooses its cap in its first synchronised iterations)")
+        if config.comm_hook == "powersgd":
+            raise ConfigError("--bucket-mb auto cannot go with --comm-hook powersgd: PowerSGD keeps its error "
+                              "feedback per bucket, and auto re-buckets once it has chosen")
+        if config.compile != "none":
+            raise ConfigError(f"--bucket-mb auto needs --compile none: auto re-buckets during training, which a "
+                              f"compiled graph ({config.compile}) would not see")
+    elif isinstance(cap, bool) or cap < 0:
+        raise ConfigError(f"--bucket-mb={cap} is not allowed; it must be >= 0 (0 = one parameter per bucket) or auto")
+
+
+def cap_text(cap: float | str) -> str:
+    """A bucket cap as a record's reader sees it: `25`, `0.5`, `auto`."""
+    return cap if isinstance(cap, str) else f"{cap:g}"
 
 
 def check_ddp_options(config: RunConfig) -> None:

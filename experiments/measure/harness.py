@@ -22,7 +22,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSG
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import ddp_core
-from experiments.core.config import RunConfig
+from experiments.core.config import AUTO_CAP, RunConfig
 from experiments.core.machine import busy_cpu_seconds, host_key
 from experiments.core.profile import load_compute_profile
 from experiments.emulate import compute as emulated
@@ -261,6 +261,23 @@ def slowest_per_iteration(local: list[float]) -> list[float]:
     return [max(per_rank) for per_rank in zip(*gathered)]
 
 
+def tune_bucket_cap(t: Trainee, ddp: ddp_core.DistributedDataParallel, clock: Clock) -> dict:
+    """bucket_cap_mb="auto": train synchronised iterations until ddp_core has chosen its cap (at most its
+    budget), timing each one; they are counted apart from the config's warm-up and measured iterations,
+    which then all run on the chosen buckets. Returns their seconds and what ddp_core says it chose, and why."""
+    def state() -> str:
+        return ddp.get_ddp_logging_data()["auto_bucket_state"]
+
+    seconds = []
+    while state() == "measuring" and len(seconds) < ddp_core.auto_bucket.BUDGET:
+        clock.start()
+        train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark, t.precision)
+        seconds.append(clock.seconds()["optimizer"])
+        progress.report("choosing the bucket cap", len(seconds), ddp_core.auto_bucket.BUDGET)
+    figures = {k: v for k, v in ddp.get_ddp_logging_data().items() if k.startswith("auto_")}
+    return {"iterations_s": seconds, **figures}
+
+
 def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     """Run one config on this rank: warm-up, then measured iterations; returns raw per-iteration times."""
     config = RunConfig(**config_fields)
@@ -276,6 +293,8 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     if torch_logging:  # record PyTorch's runtime stats every iteration (by default: 1-10, then every 100th)
         inner._set_ddp_runtime_logging_sample_rate(1)
     setup_s = time.perf_counter() - setup_start
+    # --bucket-mb auto: ddp_core chooses its cap in iterations of their own, before warm-up and measuring
+    auto_bucket = tune_bucket_cap(t, inner, clock) if config.bucket_mb == AUTO_CAP else None
     memory = PeakMemory(device)
 
     iterations, timeline, warmup_s = [], None, 0.0
@@ -336,5 +355,5 @@ def measure(rank: int, world_size: int, config_fields: dict) -> dict:
     return {"rank": rank, "setup_s": setup_s, "warmup_s": warmup_s, "iterations": iterations, "cores_busy": cores_busy,
             "load": load,
             "compute": t.compute,
-            "memory": memory.read(),
+            "memory": memory.read(), "auto_bucket": auto_bucket,
             "digest": parameter_digest(t.model), "timeline": timeline, "model_size": model_size(t.model)}

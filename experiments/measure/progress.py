@@ -19,7 +19,8 @@ def listen(listener: Callable[[str, int, int], None] | None) -> None:
 
 
 def report(phase: str, done: int, total: int) -> None:
-    """`done` of `total` iterations of `phase` ("warm-up" or "measured") are finished."""
+    """`done` of `total` iterations of `phase` ("warm-up", "measured", or "choosing the bucket cap"
+    under --bucket-mb auto) are finished."""
     if _listener is not None:
         _listener(phase, done, total)
 

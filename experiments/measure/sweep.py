@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from experiments.core.config import RunConfig
+from experiments.core.config import RunConfig, cap_text
 from experiments.core.machine import QUIET_CORES, environment, host_key, under_torchrun
 from experiments.core.records import (
     LATER_FIELDS,
@@ -80,11 +80,21 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
                    "peak_mb_per_rank": [r["memory"]["peak_mb"] for r in per_rank],
                    "method": per_rank[0]["memory"]["method"]},
     }
+    if per_rank[0].get("auto_bucket") is not None:
+        record["auto_bucket"] = auto_bucket_figures(per_rank, undilated)
     if k != 1:
         record["raw_latency_s"] = raw
     if per_rank[0].get("compute") is not None:
         record["compute_source"] = per_rank[0]["compute"]  # which profile the stand-in replayed
     return record
+
+
+def auto_bucket_figures(per_rank: list[dict], undilated: Callable) -> dict:
+    """--bucket-mb auto: what ddp_core chose and why (the same on every rank: rank 0 decides) and the
+    iterations it took, each as long as its slowest rank, counted apart from the measured ones."""
+    tuning = [max(times) for times in zip(*(r["auto_bucket"]["iterations_s"] for r in per_rank))]
+    figures = {k: v for k, v in per_rank[0]["auto_bucket"].items() if k != "iterations_s"}
+    return {**figures, "tuning_iterations": len(tuning), "tuning_latency_s": [undilated(t) for t in tuning]}
 
 
 def other_cores_busy(per_rank: list[dict]) -> float | None:
@@ -166,6 +176,11 @@ def summary_line(record: dict, varying: set[str] = frozenset()) -> str:
                 f"{s['accuracy']:.3f}")
     extra = f", {s['throughput']:.1f} samples/s" if "throughput" in s else ""
     extra += f", busbw {s['busbw_GBps']:.2f} GB/s" if "busbw_GBps" in s else ""
+    auto = record.get("auto_bucket")
+    if auto is not None:
+        extra += (f", auto cap {auto['auto_bucket_cap_mb']:.3g} MB (first {auto['auto_first_bucket_cap_mb']:.3g} MB) "
+                  f"chosen in {auto['tuning_iterations']} iterations" if "auto_bucket_cap_mb" in auto
+                  else f", auto cap not chosen ({auto['auto_bucket_state']})")
     peak = (record.get("memory") or {}).get("peak_mb")
     extra += f", peak {peak:.0f} MB/rank" if peak is not None else ""
     check = "" if record.get("correct", True) else "  WRONG"
@@ -445,7 +460,7 @@ def write_trace(trace_dir: Path, config: RunConfig, per_rank: list[dict]) -> Pat
     c = config
     digest = hashlib.sha1(config_key(dataclasses.asdict(c)).encode()).hexdigest()[:8]  # tells apart the rest
     model = c.model.replace("/", "_").replace(":", "-")  # a file path or torchvision:NAME, as one file name
-    name = (f"{model}_{c.impl}_{c.backend}-{c.device}_ws{c.world_size}_bucket{c.bucket_mb:g}_sync{c.sync_every}"
+    name = (f"{model}_{c.impl}_{c.backend}-{c.device}_ws{c.world_size}_bucket{cap_text(c.bucket_mb)}_sync{c.sync_every}"
             f"_pg{c.process_groups}_{c.comm_hook}_{digest}")
     path = trace_dir / f"{name}.json"
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))

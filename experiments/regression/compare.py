@@ -32,7 +32,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from experiments.core.config import ConfigError
+from experiments.core.config import ConfigError, cap_text
 from experiments.core.records import RecordError, RecordWarning, config_key, numbered_records
 from experiments.core.stats import holm, launch_ratio, paired_ratio
 from experiments.core.drift import drift_file, stored_drift
@@ -213,7 +213,7 @@ def _median(samples: list[float]) -> float:
 def describe(config: dict) -> str:
     """A short name for a config in the table."""
     return (f"{config['model']} {config['impl']} {config['backend']} ws{config['world_size']} "
-            f"b{config['bucket_mb']:g} n{config['sync_every']} pg{config['process_groups']} {config['comm_hook']}")
+            f"b{cap_text(config['bucket_mb'])} n{config['sync_every']} pg{config['process_groups']} {config['comm_hook']}")
 
 
 def format_table(rows: list[dict]) -> str:

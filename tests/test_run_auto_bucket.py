@@ -1,0 +1,47 @@
+"""`run --bucket-mb auto`: ddp_core chooses its cap in iterations counted apart, the record says what it
+chose and why, and the options that cannot choose a cap are refused before any rank starts."""
+import json
+
+import pytest
+
+from ddp_core import auto_bucket
+from experiments.cli import main
+from experiments.measure.sweep import summary_line
+
+TINY = ["--model", "resnet-tiny", "--image-size", "16", "--batch-size", "2", "--iters", "4", "--warmup", "1"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--impl", "torch"], "--bucket-mb auto needs --impl ddp_core or ddp_core_no_overlap: PyTorch's DDP has no"),
+    (["--impl", "ddp_core", "--comm-hook", "powersgd"], "--bucket-mb auto cannot go with --comm-hook powersgd"),
+    (["--impl", "ddp_core", "--compile", "default"], "--bucket-mb auto needs --compile none"),
+])
+def test_options_that_cannot_choose_a_cap_are_refused_before_anything_runs(tmp_path, capsys, argv, needle):
+    out = tmp_path / "records.jsonl"
+    assert main(["run", "--bucket-mb", "auto", *argv, "--out", str(out)]) == 2
+    assert needle in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_cap_that_is_neither_a_number_nor_auto_names_both(tmp_path, capsys):
+    assert main(["run", "--bucket-mb", "25,sometimes", "--impl", "ddp_core", "--out", str(tmp_path / "r.jsonl")]) == 2
+    assert "--bucket-mb: 'sometimes' is not a valid bucket cap (a number of MB, or auto)" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(240)
+def test_auto_tunes_apart_from_the_measured_iterations_and_records_its_choice(tmp_path, capsys):
+    out = tmp_path / "records.jsonl"
+    assert main(["run", *TINY, "--impl", "ddp_core", "--bucket-mb", "auto", "--out", str(out)]) == 0
+    record = json.loads(out.read_text().splitlines()[0])
+    assert record["config"]["bucket_mb"] == "auto" and record["status"] == "ok" and record["correct"]
+    auto = record["auto_bucket"]
+    # the tuner's iterations: up to and including the one whose forward chose, none of them measured
+    assert auto["tuning_iterations"] == auto_bucket.DECIDE_AT == len(auto["tuning_latency_s"])
+    assert all(t > 0 for t in auto["tuning_latency_s"])
+    assert len(record["latency_s"]) == 4  # the config's own iterations, all on the chosen buckets
+    assert auto["auto_bucket_state"] == "chosen" and auto["auto_bucket_cap_mb"] > 0
+    chosen = f"{auto['auto_bucket_cap_mb']:g}/{auto['auto_first_bucket_cap_mb']:g} MB"
+    assert chosen in auto["auto_bucket_predictions"] and chosen in auto["auto_bucket_reason"]
+    line = summary_line(record)
+    assert f"auto cap {auto['auto_bucket_cap_mb']:.3g} MB" in line and f"in {auto_bucket.DECIDE_AT} iterations" in line
+    assert line in capsys.readouterr().out
