@@ -309,3 +309,18 @@ def test_advise_calls_a_predicted_change_smaller_than_the_models_error_within_it
     report = {"figures": [], "warnings": []}
     _predicted(report, toy_profile(), net, 8, ["a", "b"])
     assert any("world size 8 is extrapolated" in w for w in report["warnings"])
+
+
+def test_advise_says_what_auto_would_choose_from_the_profile_and_the_network():
+    from experiments.perfmodel.auto_choice import auto_bucket_choice
+
+    # 16 gradients of 1 MB, one every 50 ms of backward; each 1 MB all-reduce takes ~50 ms: a bucket per
+    # gradient hides all but the last behind backward, where 25 MB (one 1 MB bucket, then the other 15) waits
+    ready = tuple(0.05 * (k + 1) for k in range(16))
+    profile = toy_profile(ready=ready, nbytes=(MB,) * 16, backward=0.8)
+    overlapped = auto_bucket_choice(profile, TOY_NET, 2)
+    assert overlapped.model == "overlapped" and not overlapped.kept and overlapped.cap_mb <= 2
+    assert (overlapped.candidates[0].cap_mb, overlapped.candidates[0].first_cap_mb) == (25.0, 1.0)
+    # on the compute cores nothing overlaps: fewer calls pay, and 25 MB is already nearly one bucket
+    shared = auto_bucket_choice(profile, CommModel("cpu", intra=TOY_NET.intra, shares_cores=True), 2)
+    assert shared.model == "serial" and shared.cap_mb >= 16 * 1.0 / 2
