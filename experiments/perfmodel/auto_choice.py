@@ -7,17 +7,24 @@ would do before anyone trains with it (the choice in training rests on its own, 
 """
 from __future__ import annotations
 
-from ddp_core import auto_bucket
-from ddp_core.bucketing import TensorSpec
+from typing import TYPE_CHECKING
+
 from experiments.core.profile import Profile
 from experiments.perfmodel.comm import CommModel
+
+if TYPE_CHECKING:
+    from ddp_core.auto_bucket import Decision
 
 _FIT_BYTES = (2**16, 2**20, 2**23, 2**26)  # sizes the network model is read at, to fit latency + per byte
 
 
-def auto_bucket_choice(profile: Profile, comm: CommModel, ranks: int) -> auto_bucket.Decision:
+def auto_bucket_choice(profile: Profile, comm: CommModel, ranks: int) -> "Decision":
     """ddp_core's decision for `profile` at `ranks` ranks on `comm`, against the measured layout it starts
     from (PyTorch's defaults, 25 MB and a first bucket of 1 MB)."""
+    # (imported here: ddp_core imports torch, which building the CLI's parser must not)
+    from ddp_core import auto_bucket
+    from ddp_core.bucketing import TensorSpec
+
     specs = [TensorSpec(nbytes, dtype) for nbytes, dtype in zip(profile.nbytes, profile.dtypes)]
     order = sorted(range(len(specs)), key=profile.ready.__getitem__)  # arrival order: the rebuilt buckets'
     first = min(profile.ready)
