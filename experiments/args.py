@@ -10,6 +10,7 @@ from pathlib import Path
 from experiments.core.config import ConfigError, parse_ints, validate_network
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # as a shell reports a command that Ctrl-C ended
 
 
 def add_network_arguments(parser) -> None:
@@ -21,10 +22,16 @@ def add_network_arguments(parser) -> None:
                         help="comma-separated: ranks per emulated host, placed in rank order (default 1)")
 
 
-def parse_network_arguments(args) -> list[tuple[str, int]]:
+def items(value: str | list) -> list:
+    """The values of a list option: its comma-separated text split, or the values themselves where given as
+    data (the main job's plans)."""
+    return [item.strip() for item in value.split(",")] if isinstance(value, str) else list(value)
+
+
+def parse_network_arguments(link: str | list[str], ranks_per_host: str | list[int]) -> list[tuple[str, int]]:
     """The validated (link, ranks per host) pairs of `--link` x `--ranks-per-host`."""
-    pairs = [(link.strip().lower(), k) for link in args.link.split(",")
-             for k in parse_ints("ranks-per-host", args.ranks_per_host, minimum=1)]
+    pairs = [(rate.lower(), k) for rate in items(link)
+             for k in parse_ints("ranks-per-host", ranks_per_host, minimum=1)]
     for link, k in pairs:
         validate_network(link, k)
     return pairs

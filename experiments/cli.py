@@ -7,13 +7,15 @@ parameter, the value and what is allowed, and writes nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 
-from experiments.args import EXIT_BAD_INPUT, MAX_TIMEOUT_S, check_folder, check_output, check_timeout
+from experiments.args import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MAX_TIMEOUT_S, check_folder
 from experiments.core.config import (
     BACKENDS,
     COMPILE_MODES,
@@ -25,12 +27,10 @@ from experiments.core.config import (
     TORCH_HOOKS,
     ConfigError,
     RunConfig,
-    parse_list,
-    to_argv,
 )
 from experiments.core.records import show_record_warnings_as_lines
 from experiments.measure import plans
-from experiments.measure.configs import SameOnEveryRank, check_network_available, check_torchrun_job, resolve_grid
+from experiments.measure.command import RunOptions, run_configs
 from experiments.measure.workloads import WORKLOADS
 from experiments.measure.workloads.spec import MODEL_HELP
 
@@ -90,58 +90,125 @@ class _PrintVersion(argparse.Action):
         parser.exit()
 
 
+@dataclass(frozen=True)
+class SubCommand:
+    """One sub-command: its line in --help, the function declaring its flags, the typed options they parse
+    into (a frozen dataclass), the converter from the parsed command line to them, and the function doing
+    the work on them (its exit status)."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    options: type
+    function: Callable[[Any], int]
+    convert: Callable[[argparse.Namespace, type], Any] | None = None  # None: options_from
+
+    def options_of(self, namespace: argparse.Namespace) -> Any:
+        """The typed options of the parsed command line."""
+        return (self.convert or options_from)(namespace, self.options)
+
+
+def options_from(namespace: argparse.Namespace, options: type) -> Any:
+    """`options` (a dataclass) with each field taken from the parsed flag of its name."""
+    return options(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(options)})
+
+
+def run_options(namespace: argparse.Namespace, options: type = RunOptions) -> RunOptions:
+    """`run`'s options: the lists given (as text, parsed where the grid is resolved) and the plain flags."""
+    grid = {name: getattr(namespace, name) for name in LIST_PARAMS if getattr(namespace, name) is not None}
+    plain = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(options) if f.name != "grid"}
+    return options(grid=grid, **plain)
+
+
+def _measuring(add_arguments: Callable) -> Callable:
+    """add_arguments, then the flags every measuring command shares (--out, --resume, --timeout)."""
+    def add(parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser)
+        _add_common(parser)
+
+    return add
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_list_params(parser, list(LIST_PARAMS))
+    _add_common(parser)
+    parser.add_argument("--trace", type=Path, metavar="DIR", help="write a Chrome/Perfetto trace per config here")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the configs, one line each, with the time each would take where records of this "
+                             "machine (in --out, results/runs/<machine>/ and its timing log of every config run "
+                             "measured here) allow an estimate; runs nothing")
+
+
+def sub_commands() -> dict[str, SubCommand]:
+    """Every sub-command, in the order --help lists them."""
+    # Small modules (the measuring and analysing ones import their heavy libraries inside functions).
+    from experiments.atlas import command as atlas
+    from experiments.emulate import network
+    from experiments.measure import allreduce, command, train
+    from experiments.perfmodel import advise, scale_command
+    from experiments.perfmodel import commands as perfmodel
+    from experiments.regression import ab, compare, drift, drill, history
+
+    return {
+        "run": SubCommand("measure training iterations over a grid of configs", _add_run_arguments, RunOptions,
+                          command.run, run_options),
+        "allreduce": SubCommand("all-reduce microbenchmarks (E1 and a size sweep)",
+                                _measuring(allreduce.add_arguments), allreduce.AllreduceOptions, allreduce.main),
+        "train": SubCommand("training loss per iteration for sync-every n (E6)", _measuring(train.add_arguments),
+                            train.TrainOptions, train.main),
+        "profile": SubCommand("one-process profile for the performance model",
+                              _measuring(perfmodel.add_profile_arguments), perfmodel.ProfileOptions, perfmodel.profile),
+        "predict": SubCommand("predict DDP latency from a profile (model)",
+                              lambda parser: perfmodel.add_model_arguments(parser, False), perfmodel.PredictOptions,
+                              perfmodel.main),
+        "tune-bucket": SubCommand("recommend a bucket cap (model)",
+                                  lambda parser: perfmodel.add_model_arguments(parser, True),
+                                  perfmodel.TuneBucketOptions, perfmodel.main),
+        "scale-profile": SubCommand("a profile scaled to a GPU's estimated time", scale_command.add_arguments,
+                                    scale_command.ScaleProfileOptions, scale_command.main),
+        "advise": SubCommand("how DDP will behave for your model: profile, predict, advise", advise.add_arguments,
+                             advise.AdviseOptions, advise.main),
+        "compare": SubCommand("did latency change between two sets of records?", compare.add_arguments,
+                              compare.CompareOptions, compare.main),
+        "drift": SubCommand("how far one config's latency strays between launches on this machine (what compare "
+                            "needs for one launch a side)", drift.add_arguments, drift.DriftOptions, drift.main),
+        "ab": SubCommand("A/B two git revisions on this machine, interleaved", ab.add_arguments, ab.ABOptions, ab.main),
+        "history": SubCommand("latency per commit, recorded and plotted", history.add_arguments,
+                              history.HistoryOptions, history.main),
+        "drill": SubCommand("inject regressions, measure their true size, A/B them", drill.add_arguments,
+                            drill.DrillOptions, drill.main),
+        "network": SubCommand("can this machine emulate a cluster (--link)? clean up", network.add_arguments,
+                              network.NetworkOptions, network.main),
+        "main-job": SubCommand("the main job's experiments (what ./run_all.sh runs), each into its own file",
+                               _add_main_job_arguments, MainJobOptions, main_job),
+        "report": SubCommand("a report of any records (a summary, a figure per varied parameter, findings); without "
+                             "records, the main job's report of this machine", _add_report_arguments, ReportOptions,
+                             report_command),
+        "atlas": SubCommand("what each DDP option costs on real models, against DDP's defaults, interleaved "
+                            "(docs/atlas.md)", atlas.add_arguments, atlas.AtlasOptions, atlas.main),
+        "machine": SubCommand("this machine's name and fingerprint, which key its results", _add_machine_arguments,
+                              MachineOptions, machine_command),
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one sub-command per kind of measurement."""
     parser = argparse.ArgumentParser(prog="ddpbench", description="DDP benchmarks after Li et al., VLDB 2020")
     parser.add_argument("--version", action=_PrintVersion, nargs=0, help="print the version and commit, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
+    for name, command in sub_commands().items():
+        command.add_arguments(sub.add_parser(name, help=command.help))
+    parser.set_defaults(subcommands=sub.choices)  # main() reports a sub-command's unknown options with its usage
+    return parser
 
-    run = sub.add_parser("run", help="measure training iterations over a grid of configs")
-    _add_list_params(run, list(LIST_PARAMS))
-    _add_common(run)
-    run.add_argument("--trace", type=Path, metavar="DIR", help="write a Chrome/Perfetto trace per config here")
-    run.add_argument("--dry-run", action="store_true",
-                     help="list the configs, one line each, with the time each would take where records of this "
-                          "machine (in --out, results/runs/<machine>/ and its timing log of every config run "
-                          "measured here) allow an estimate; runs nothing")
 
-    from experiments.measure import allreduce, train  # small modules; imported here to keep one parser in one place
-    from experiments.regression import ab, compare
-
-    allreduce.add_arguments(sub.add_parser("allreduce", help="all-reduce microbenchmarks (E1 and a size sweep)"))
-    train.add_arguments(sub.add_parser("train", help="training loss per iteration for sync-every n (E6)"))
-    from experiments.perfmodel import commands as perfmodel
-
-    perfmodel.add_profile_arguments(sub.add_parser("profile", help="one-process profile for the performance model"))
-    for name in ("allreduce", "train", "profile"):
-        _add_common(sub.choices[name])
-    perfmodel.add_model_arguments(sub.add_parser("predict", help="predict DDP latency from a profile (model)"), False)
-    perfmodel.add_model_arguments(sub.add_parser("tune-bucket", help="recommend a bucket cap (model)"), True)
-    from experiments.perfmodel import advise, scale_command
-
-    scale_command.add_arguments(sub.add_parser("scale-profile", help="a profile scaled to a GPU's estimated time"))
-
-    advise.add_arguments(sub.add_parser("advise", help="how DDP will behave for your model: profile, predict, advise"))
-    compare.add_arguments(sub.add_parser("compare", help="did latency change between two sets of records?"))
-    from experiments.regression import drift
-
-    drift.add_arguments(sub.add_parser("drift", help="how far one config's latency strays between launches on this "
-                                                     "machine (what compare needs for one launch a side)"))
-    ab.add_arguments(sub.add_parser("ab", help="A/B two git revisions on this machine, interleaved"))
-    from experiments.regression import drill, history
-
-    history.add_arguments(sub.add_parser("history", help="latency per commit, recorded and plotted"))
-    drill.add_arguments(sub.add_parser("drill", help="inject regressions, measure their true size, A/B them"))
-    from experiments.emulate import network
-
-    network.add_arguments(sub.add_parser("network", help="can this machine emulate a cluster (--link)? clean up"))
-    job = sub.add_parser("main-job", help="the main job's experiments (what ./run_all.sh runs), each into its own file")
+def _add_main_job_arguments(job: argparse.ArgumentParser) -> None:
     job.add_argument("--profile", choices=plans.PROFILES, default=None,
                      help="smoke, quick or full (default: full with GPUs, else quick)")
     job.add_argument("--out-dir", type=Path, required=True, help="folder of the record files, one per experiment")
     job.add_argument("--only", help="comma-separated experiment names (default: all)")
-    report = sub.add_parser("report", help="a report of any records (a summary, a figure per varied parameter, "
-                                           "findings); without records, the main job's report of this machine")
+
+
+def _add_report_arguments(report: argparse.ArgumentParser) -> None:
     report.add_argument("records", nargs="*", type=Path, help="record files or folders of `ddpbench run`")
     report.add_argument("--out", type=Path, help="folder of the report of RECORDS (default: beside the first, "
                                                   "<name>-report/)")
@@ -150,14 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--reference", metavar="MACHINE", nargs="?", const="x86_64-2cpu",
                         help="rebuild the project's committed reference results of MACHINE instead "
                              "(results/reference/MACHINE/; default x86_64-2cpu), whose numbers the docs quote")
-    from experiments.atlas import command as atlas
 
-    atlas.add_arguments(sub.add_parser("atlas", help="what each DDP option costs on real models, against DDP's "
-                                                     "defaults, interleaved (docs/atlas.md)"))
-    machine = sub.add_parser("machine", help="this machine's name and fingerprint, which key its results")
+
+def _add_machine_arguments(machine: argparse.ArgumentParser) -> None:
     machine.add_argument("--machine", metavar="NAME", help="rename this machine (its later results go under NAME)")
-    parser.set_defaults(subcommands=sub.choices)  # main() reports a sub-command's unknown options with its usage
-    return parser
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -175,34 +238,33 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_run_configs(args: argparse.Namespace) -> list[RunConfig]:
-    """Expand the `run` lists into validated configs, filling hardware-dependent defaults."""
-    return resolve_grid({name: parse_list(name, getattr(args, name)) for name in LIST_PARAMS
-                         if getattr(args, name) is not None})
-
-
-EXIT_INTERRUPTED = 130  # as a shell reports a command that Ctrl-C ended
-
-
-def _rank() -> int:
-    """This process's rank under torchrun (RANK), else 0: the built-in launcher's parent speaks for its ranks."""
-    from experiments.core.machine import under_torchrun
-
-    return int(os.environ["RANK"]) if under_torchrun() else 0
+    """Expand the `run` lists of a parsed command line into validated configs, filling hardware-dependent defaults."""
+    return run_configs(run_options(args))
 
 
 def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main_job(profile: str | None, out_dir: Path, only: str | None) -> int:
-    """Run every experiment of a main-job profile through this CLI, each into out_dir/<name>.jsonl,
-    resuming finished configs; exit 2 on bad input, 130 once a step was interrupted (the steps after it do
-    not run), 1 if some config failed."""
+@dataclass(frozen=True)
+class MainJobOptions:
+    """Which of the main job's experiments run (only: comma-separated names, None: all), with which profile
+    (None: full with GPUs, else quick), into which folder."""
+
+    out_dir: Path
+    profile: str | None = None
+    only: str | None = None
+
+
+def main_job(options: MainJobOptions) -> int:
+    """Run every experiment of a main-job profile, each into out_dir/<name>.jsonl, resuming finished
+    configs; exit 2 on bad input, 130 once a step was interrupted (the steps after it do not run), 1 if
+    some config failed."""
     import torch
 
-    profile = profile or plans.default_profile()
-    steps = plans.plan(profile, torch.cuda.device_count(), out_dir)
-    chosen = only.split(",") if only else list(steps)
+    profile = options.profile or plans.default_profile()
+    steps = plans.plan(profile, torch.cuda.device_count(), options.out_dir)
+    chosen = options.only.split(",") if options.only else list(steps)
     unknown = sorted(set(chosen) - set(steps))
     if unknown:
         print(f"ddpbench main-job: error: --only: unknown experiment(s) {unknown}; choose from {', '.join(steps)}",
@@ -220,15 +282,22 @@ def main_job(profile: str | None, out_dir: Path, only: str | None) -> int:
     failed = 0
     for name in chosen:
         print(f"== {name} ({profile}) ==", flush=True)
-        step = steps[name]
-        status = main([step.command, *to_argv(step.options), "--out", str(out_dir / f"{name}.jsonl"), "--resume"])
+        status = run_step(steps[name], options.out_dir / f"{name}.jsonl")
         if status == EXIT_BAD_INPUT:
             return EXIT_BAD_INPUT
-        plans.note_profile(out_dir, name, profile)
+        plans.note_profile(options.out_dir, name, profile)
         if status == EXIT_INTERRUPTED:  # Ctrl-C stops the job, not just this step (and the steps ignore it after)
             return EXIT_INTERRUPTED
         failed += status != 0
     return 1 if failed else 0
+
+
+def run_step(step: plans.Step, out: Path) -> int:
+    """One step of the main job: its sub-command's function on the step's typed options, resuming into `out`."""
+    command = sub_commands()[step.command]
+    if command.options is RunOptions:
+        return command.function(RunOptions(out=out, grid=dict(step.options), resume=True))
+    return command.function(command.options(**step.options, out=out, resume=True))
 
 
 def only_smoke_records(results: Path, machine: str) -> Path | None:
@@ -307,6 +376,41 @@ def machine(new_name: str | None) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class ReportOptions:
+    """Which report `ddpbench report` writes: of the user's records (into out, with an HTML page if html), or
+    without records the main job's (of results/smoke with smoke, of a committed reference machine)."""
+
+    records: list[Path]
+    out: Path | None = None
+    html: bool = False
+    smoke: bool = False
+    reference: str | None = None
+
+
+def report_command(options: ReportOptions) -> int:
+    """`ddpbench report`: the report of the records given, else the main job's report; 2 on bad input."""
+    if options.records:
+        return sweep_report(options.records, options.out, options.html)
+    if options.out is not None or options.html:
+        print("ddpbench report: error: --out and --html are for a report of RECORDS; the main job's report "
+              "goes to results/report.md", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return report(options.smoke, options.reference)
+
+
+@dataclass(frozen=True)
+class MachineOptions:
+    """`ddpbench machine`: the new name of this machine, if it is renamed."""
+
+    machine: str | None = None
+
+
+def machine_command(options: MachineOptions) -> int:
+    """`ddpbench machine`: print this machine's name and fingerprint, renaming it first where asked."""
+    return machine(options.machine)
+
+
 def entry_point() -> NoReturn:
     """The `ddpbench` command (the console script of `pip install -e .`, `python -m experiments` and
     ./ddpbench alike): main() on the command line, its status the process's exit status."""
@@ -343,87 +447,5 @@ def _main(argv: list[str] | None) -> int:
     show_record_warnings_as_lines()
     # A polite kill (SIGTERM) unwinds like Ctrl-C, so ranks and emulated networks are removed on the way out.
     signal.signal(signal.SIGTERM, _terminate)
-    from experiments.perfmodel import commands as perfmodel
-
-    if args.command == "main-job":
-        return main_job(args.profile, args.out_dir, args.only)
-    if args.command == "report":
-        if args.records:
-            return sweep_report(args.records, args.out, args.html)
-        if args.out is not None or args.html:
-            print("ddpbench report: error: --out and --html are for a report of RECORDS; the main job's report "
-                  "goes to results/report.md", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        return report(args.smoke, args.reference)
-    if args.command == "machine":
-        return machine(args.machine)
-    if args.command == "atlas":
-        from experiments.atlas import command as atlas
-
-        return atlas.main(args)
-    if args.command in ("predict", "tune-bucket"):
-        return perfmodel.main(args)
-    if args.command == "advise":
-        from experiments.perfmodel import advise
-
-        return advise.main(args)
-    if args.command == "scale-profile":
-        from experiments.perfmodel import scale_command
-
-        return scale_command.main(args)
-    if args.command in ("compare", "drift", "ab", "history", "drill"):
-        from experiments.regression import ab, compare, drift, drill, history
-
-        return {"compare": compare, "drift": drift, "ab": ab, "history": history, "drill": drill}[args.command].main(args)
-    if args.command == "network":
-        from experiments.emulate import network
-
-        return network.main(args)
-    # The measuring commands (run, allreduce, train, profile); the sweep imports torch, the others need not.
-    from experiments.measure import allreduce, train
-    from experiments.measure.sweep import run_sweep
-
-    try:
-        check_timeout("timeout", args.timeout)
-        check_output(args.out)
-        if getattr(args, "trace", None) is not None:
-            check_folder(args.trace, "trace")
-        mode = {"allreduce": allreduce, "train": train, "profile": perfmodel}.get(args.command)
-        jobs = resolve_run_configs(args) if mode is None else mode.resolve(args)
-        check_network_available(jobs)
-        if mode is None:
-            check_torchrun_job(jobs)
-    except ConfigError as error:
-        # Under torchrun every rank runs this: what all find alike, rank 0 alone says (one line, not one per rank).
-        if not isinstance(error, SameOnEveryRank) or _rank() == 0:
-            print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if getattr(args, "dry_run", False):
-        from experiments.measure.dryrun import plan
-
-        for line in plan(jobs, args.out, args.resume):
-            print(line)
-        return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    size_before = args.out.stat().st_size if args.out.exists() else 0
-    try:
-        if mode is None:
-            counts = run_sweep(jobs, args.out, resume=args.resume, timeout=args.timeout, trace_dir=args.trace)
-        else:
-            counts = mode.run(jobs, args)
-    except KeyboardInterrupt:
-        # Stopping: more Ctrl-C (a user pressing it again) must not break the exit half-way (atexit
-        # handlers, the message below) - the ranks and networks are already gone.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if args.out.exists() and args.out.stat().st_size > size_before:
-            print(f"\nddpbench: interrupted; finished configs are in {args.out}; add --resume to continue",
-                  file=sys.stderr)
-        else:
-            print(f"\nddpbench: interrupted before any config finished; nothing was added to {args.out}",
-                  file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if _rank() == 0:  # under torchrun, rank 0 writes the records: the other ranks claim none
-        print(f"ddpbench {args.command}: {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped "
-              f"(already recorded); records in {args.out}")
-    return 1 if counts["failed"] else 0
+    command = sub_commands()[args.command]
+    return command.function(command.options_of(args))

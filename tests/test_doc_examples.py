@@ -71,9 +71,9 @@ def test_regression_page_names_the_folders_history_writes():
     """docs/regression.md gives history's default folders, as history.py builds them under --results."""
     code = (ROOT / "experiments" / "regression" / "history.py").read_text()
     assert re.search(r'"--results", type=Path, default=ROOT / "results"', code)
-    assert 'args.results / "history" / machine / args.preset' in code
-    assert 'args.results / "tables" / f"history-{machine}{suffix}.csv"' in code
-    assert 'args.results / "figures" / f"history-{machine}{suffix}.png"' in code
+    assert 'options.results / "history" / machine / options.preset' in code
+    assert 'options.results / "tables" / f"history-{machine}{suffix}.csv"' in code
+    assert 'options.results / "figures" / f"history-{machine}{suffix}.png"' in code
     page = (DOCS / "regression.md").read_text()
     section = page[page.index("## `history`"):]
     section = section[:section.index("\n## ", 1)]

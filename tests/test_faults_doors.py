@@ -274,7 +274,7 @@ os.kill(os.getpid(), 9)
         _git("worktree", "lock", "--reason", f"ddpbench pid {_ended_pid()} started 1", str(live / "c"), cwd=repo)
         monkeypatch.setattr(network, "CHECKOUT", repo)
         monkeypatch.setattr(network, "cleanup", lambda: ([], []))  # namespaces are another test's
-        assert network.main(type("Args", (), {"check": False, "cleanup": True})()) == 0
+        assert network.main(network.NetworkOptions(cleanup=True)) == 0
         assert sorted(_worktrees(repo)) == sorted([str(mine), str(mine_gone)])
     finally:
         for path in _worktrees(repo):

@@ -438,12 +438,12 @@ def test_ctrl_c_in_a_step_of_the_main_job_stops_the_job(tmp_path, monkeypatch):
 
     steps = []
 
-    def interrupted_step(argv):
-        steps.append(argv[0])
-        return 130  # what main() returns after Ctrl-C (and it then ignores Ctrl-C until its process exits)
+    def interrupted_step(step, out):
+        steps.append(step.command)
+        return 130  # what a step returns after Ctrl-C (and it then ignores Ctrl-C until its process exits)
 
-    monkeypatch.setattr(cli, "main", interrupted_step)
-    assert cli.main_job("smoke", tmp_path, None) == 130
+    monkeypatch.setattr(cli, "run_step", interrupted_step)
+    assert cli.main_job(cli.MainJobOptions(tmp_path, "smoke")) == 130
     assert len(steps) == 1, steps  # the job's next steps did not run
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 # runner (the measuring) imports torch: the functions below import it, so that parsing options does not.
@@ -47,40 +48,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default 3600")
 
 
-def resolve(args: argparse.Namespace) -> tuple[Path, list[plan.Block]]:
+@dataclass(frozen=True)
+class AtlasOptions:
+    """What `ddpbench atlas` measures and where it writes (its flags, typed; None: the plan's default, or with
+    quick the quick plan's)."""
+
+    out: Path | None = None
+    models: str | None = None
+    variants: str | None = None
+    links: str | None = None
+    rounds: int | None = None
+    warmup: int | None = None
+    memory_gb: float | None = None
+    quick: bool = False
+    resume: bool = False
+    tables_only: bool = False
+    timeout: float = 3600.0
+
+
+def resolve(options: AtlasOptions) -> tuple[Path, list[plan.Block]]:
     """The output folder and the blocks to measure; ConfigError for any bad input, before any process starts."""
     from experiments.args import check_folder, check_positive
     from experiments.atlas import runner
 
-    defaults = plan.QUICK if args.quick else plan.FULL
-    out = args.out or REPO / "results" / ("atlas-quick" if args.quick else "atlas")
+    defaults = plan.QUICK if options.quick else plan.FULL
+    out = options.out or REPO / "results" / ("atlas-quick" if options.quick else "atlas")
     check_folder(out, "out")
-    check_positive("timeout", args.timeout)
+    check_positive("timeout", options.timeout)
     known = {**plan.MODELS, **plan.QUICK_MODELS}
-    if args.models:
-        models = {name: known[name] for name in plan.parse_names("models", args.models, list(known))}
+    if options.models:
+        models = {name: known[name] for name in plan.parse_names("models", options.models, list(known))}
     else:
-        models = dict(plan.QUICK_MODELS if args.quick else plan.MODELS)
-    options = [v for v in plan.VARIANTS if v != plan.DEFAULT]
-    variants = [plan.DEFAULT, *(plan.parse_names("variants", args.variants, options) if args.variants else options)]
-    links = [link.strip().lower() for link in (args.links or ("none" if args.quick else ",".join(plan.LINKS))).split(",")]
+        models = dict(plan.QUICK_MODELS if options.quick else plan.MODELS)
+    others = [v for v in plan.VARIANTS if v != plan.DEFAULT]
+    variants = [plan.DEFAULT, *(plan.parse_names("variants", options.variants, others) if options.variants else others)]
+    given = options.links or ("none" if options.quick else ",".join(plan.LINKS))
+    links = [link.strip().lower() for link in given.split(",")]
     for link in links:
         try:
             validate_network(link, 1, plan.WORLD_SIZE)
         except ConfigError as error:
-            raise ConfigError(f"--links={args.links!r}: {error}") from None
+            raise ConfigError(f"--links={options.links!r}: {error}") from None
     links = list(dict.fromkeys(links))
     records = out / runner.RECORDS
-    if args.tables_only:
+    if options.tables_only:
         if not records.exists():
             raise ConfigError(f"--tables-only: --out={str(out)!r} holds no {runner.RECORDS}; measure first")
         return out, []
-    if records.exists() and records.stat().st_size and not args.resume:
+    if records.exists() and records.stat().st_size and not options.resume:
         raise ConfigError(f"--out={str(out)!r} already holds records ({records}); add --resume to go on with them, "
                           "or choose another folder")
-    rounds = args.rounds if args.rounds is not None else defaults["rounds"]
-    warmup = args.warmup if args.warmup is not None else defaults["warmup"]
-    memory = args.memory_gb if args.memory_gb is not None else plan.default_memory_gb()
+    rounds = options.rounds if options.rounds is not None else defaults["rounds"]
+    warmup = options.warmup if options.warmup is not None else defaults["warmup"]
+    memory = options.memory_gb if options.memory_gb is not None else plan.default_memory_gb()
     return out, plan.plan(models, variants, links, rounds, warmup, memory)
 
 
@@ -119,12 +139,12 @@ def write_results(out: Path) -> list[str]:
     return [str(out / name) for name in ("atlas.md", "atlas.csv", "atlas.png")]
 
 
-def main(args: argparse.Namespace) -> int:
+def main(options: AtlasOptions) -> int:
     """Check the request, measure its blocks, write the tables and figure; 0 ok, 1 a block failed, 2 bad input."""
     from experiments.atlas import runner
 
     try:
-        out, blocks = resolve(args)
+        out, blocks = resolve(options)
     except ConfigError as error:
         print(f"ddpbench atlas: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -134,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"ddpbench atlas: {len(blocks)} blocks ({len({b.model for b in blocks})} models x "
               f"{len({b.link for b in blocks})} networks) into {out}", flush=True)
         try:
-            counts = runner.run(blocks, out, args.resume, args.timeout, echo=lambda line: print(line, flush=True))
+            counts = runner.run(blocks, out, options.resume, options.timeout, echo=lambda line: print(line, flush=True))
         except KeyboardInterrupt:  # the ranks and any emulated network are gone (runner closes its pool)
             print(f"\nddpbench atlas: interrupted; finished blocks are in {out / runner.RECORDS}; add --resume to go on",
                   file=sys.stderr)

@@ -268,17 +268,18 @@ def validate_backend(backend: str, device: str, world_size: int, gpu_count: int 
             )
 
 
-def parse_ints(flag: str, text: str, minimum: int) -> list[int]:
-    """Parse a comma-separated list of integers, each at least `minimum`, naming the flag on error."""
+def parse_ints(flag: str, text: str | list[int], minimum: int) -> list[int]:
+    """Parse a comma-separated list of integers (or check a list of them, given as data), each at least
+    `minimum`, naming the flag on error."""
     values = []
-    for item in text.split(","):
+    for item in text.split(",") if isinstance(text, str) else text:
         try:
             number = float(item)  # accepts 60000000 and 6e7 alike
             if not number.is_integer():
                 raise ValueError
             value = int(number)
         except ValueError:
-            raise ConfigError(f"--{flag}: {item.strip()!r} is not an integer") from None
+            raise ConfigError(f"--{flag}: {str(item).strip()!r} is not an integer") from None
         if value < minimum:
             raise ConfigError(f"--{flag}={value} is not allowed; it must be >= {minimum}")
         values.append(value)

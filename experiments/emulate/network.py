@@ -349,9 +349,17 @@ def add_arguments(parser) -> None:
                            "killed ddpbench runs left behind")
 
 
-def main(args) -> int:
+@dataclass(frozen=True)
+class NetworkOptions:
+    """`ddpbench network`'s one choice (its flags, typed): --check, else --cleanup."""
+
+    check: bool = False
+    cleanup: bool = False
+
+
+def main(options: NetworkOptions) -> int:
     """`ddpbench network --check | --cleanup`."""
-    if args.check:
+    if options.check:
         problems = check()
         if problems:
             print("ddpbench network: this machine cannot emulate a cluster (--link); --link none works without it:")

@@ -14,9 +14,10 @@ import itertools
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.args import add_network_arguments, parse_network_arguments
+from experiments.args import add_network_arguments, items, parse_network_arguments
 from experiments.core.config import (
     BACKENDS,
     DEVICES,
@@ -52,6 +53,28 @@ class AllreduceConfig:
     ranks_per_host: int = 1
 
 
+@dataclass(frozen=True)
+class AllreduceOptions:
+    """What `ddpbench allreduce` measures and where its records go (its flags, typed). A list option takes
+    its comma-separated text or the values themselves; backend and device None: the hardware's."""
+
+    out: Path
+    mode: str | list[str] = "granularity,size"
+    backend: str | list[str] | None = None
+    device: str | None = None
+    world_size: str | list[int] = "2"
+    total: int = 60_000_000
+    per_call: str | list[int] = DEFAULT_PER_CALL
+    sizes: str | list[int] = DEFAULT_SIZES
+    reps: int = 5
+    warmup: int = 2
+    threads: int = 1
+    link: str | list[str] = "none"
+    ranks_per_host: str | list[int] = "1"
+    resume: bool = False
+    timeout: float = 600.0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `allreduce` sub-command's options."""
     parser.add_argument("--mode", default="granularity,size",
@@ -72,33 +95,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_network_arguments(parser)
 
 
-def resolve(args: argparse.Namespace) -> list[AllreduceConfig]:
+def main(options: AllreduceOptions) -> int:
+    """`ddpbench allreduce`: measure every row not yet recorded in --out (see command.measure_jobs)."""
+    from experiments.measure.command import measure_jobs
+
+    return measure_jobs("allreduce", options.out, options.resume, options.timeout, lambda: resolve(options),
+                        lambda rows: run(rows, options))
+
+
+def resolve(options: AllreduceOptions) -> list[AllreduceConfig]:
     """Validated rows, grouped so that rows sharing ranks run in one pool."""
-    modes = [m.strip() for m in args.mode.split(",")]
+    modes = items(options.mode)
     for mode in modes:
         if mode not in MODES:
             raise ConfigError(f"--mode={mode!r} is not allowed; choose from {', '.join(MODES)}")
     default_backend, default_device = default_backend_and_device()
-    backends = [b.strip() for b in (args.backend or default_backend).split(",")]
-    device = args.device or default_device
-    world_sizes = parse_ints("world-size", args.world_size, minimum=1)
-    for name, value, minimum in (("total", args.total, 1), ("reps", args.reps, 1), ("warmup", args.warmup, 0),
-                                 ("threads", args.threads, 1)):
+    backends = items(options.backend or default_backend)
+    device = options.device or default_device
+    world_sizes = parse_ints("world-size", options.world_size, minimum=1)
+    for name, value, minimum in (("total", options.total, 1), ("reps", options.reps, 1), ("warmup", options.warmup, 0),
+                                 ("threads", options.threads, 1)):
         if value < minimum:
             raise ConfigError(f"--{name}={value} is not allowed; it must be >= {minimum}")
     rows = []
-    for backend, world_size, (link, ranks_per_host) in itertools.product(backends, world_sizes,
-                                                                       parse_network_arguments(args)):
+    networks = parse_network_arguments(options.link, options.ranks_per_host)
+    for backend, world_size, (link, ranks_per_host) in itertools.product(backends, world_sizes, networks):
         validate_backend(backend, device, world_size)
         validate_network(link, ranks_per_host, world_size)
-        common = dict(backend=backend, device=device, world_size=world_size, reps=args.reps, warmup=args.warmup,
-                      threads=args.threads, link=link, ranks_per_host=ranks_per_host)
+        common = dict(backend=backend, device=device, world_size=world_size, reps=options.reps, warmup=options.warmup,
+                      threads=options.threads, link=link, ranks_per_host=ranks_per_host)
         if "granularity" in modes:
-            for per_call in parse_ints("per-call", args.per_call, minimum=1):
-                rows.append(AllreduceConfig("granularity", elements=min(per_call, args.total),
-                                            total_elements=args.total, **common))
+            for per_call in parse_ints("per-call", options.per_call, minimum=1):
+                rows.append(AllreduceConfig("granularity", elements=min(per_call, options.total),
+                                            total_elements=options.total, **common))
         if "size" in modes:
-            for size in parse_ints("sizes", args.sizes, minimum=4):
+            for size in parse_ints("sizes", options.sizes, minimum=4):
                 rows.append(AllreduceConfig("size", elements=size // 4, total_elements=size // 4, **common))
     return list(dict.fromkeys(rows))
 
@@ -157,8 +188,9 @@ def make_record(row: AllreduceConfig, per_rank: list[dict], wall_s: float) -> di
     }
 
 
-def run(rows: list[AllreduceConfig], args: argparse.Namespace) -> dict:
+def run(rows: list[AllreduceConfig], options: AllreduceOptions) -> dict:
     """Measure every row not yet recorded (see sweep.run_jobs)."""
     from experiments.measure.sweep import run_jobs
 
-    return run_jobs(rows, args.out, measure, make_record, "allreduce", resume=args.resume, timeout=args.timeout)
+    return run_jobs(rows, options.out, measure, make_record, "allreduce", resume=options.resume,
+                    timeout=options.timeout)

@@ -9,10 +9,27 @@ import itertools
 import os
 from dataclasses import replace
 
-from experiments.core.config import LIST_PARAMS, ConfigError, RunConfig, check_config, default_backend_and_device
+from experiments.core.config import (
+    LIST_PARAMS,
+    ConfigError,
+    RunConfig,
+    check_config,
+    default_backend_and_device,
+    parse_list,
+)
 from experiments.core.machine import under_torchrun
 from experiments.emulate import network
 from experiments.measure.workloads import spec as model_spec
+
+
+def grid_values(name: str, values: str | list) -> list:
+    """One `run` parameter's values in its field's type: its comma-separated text parsed (parse_list), or
+    values given as data (a plan's), whole numbers of a float field made floats as parsing their text makes them."""
+    if isinstance(values, str):
+        return parse_list(name, values)
+    if LIST_PARAMS[name] in ("float", "float | str"):
+        return [v if isinstance(v, str) else float(v) for v in values]
+    return list(values)
 
 
 def expand_grid(lists: dict[str, list]) -> list[RunConfig]:

@@ -6,8 +6,9 @@
   paper's GPUs instead of vanishing under compute; about 30 minutes on 2 cores.
 - full: the paper's input sizes (224x224 images, sequence 128); for GPUs.
 
-Each experiment is a `Step`: a sub-command and its options as typed values (a list is a grid axis,
-as `run` takes it). `./run_all.sh` runs them through `ddpbench main-job`, each into its own record file.
+Each experiment is a `Step`: a sub-command and its options as typed values (the fields of the
+sub-command's options; a list is a grid axis, as `run` takes it). `./run_all.sh` runs them through
+`ddpbench main-job`, which hands each to its sub-command's function, each into its own record file.
 """
 from __future__ import annotations
 
@@ -80,21 +81,22 @@ def plan(profile: str, gpus: int, out_dir: Path) -> dict[str, Step]:
               **({} if gpus else {"threads": [1]})}
     run = Step("run", common)
     steps = {
-        "e1_allreduce": Step("allreduce", {"backend": backends, "device": device, "world_size": widest, **allreduce}),
+        "e1_allreduce": Step("allreduce", {"backend": backends, "device": device[0], "world_size": widest,
+                                           **allreduce}),
         "e2_overlap": run.with_options(world_size=widest, impl=["ddp_core", "ddp_core_no_overlap"]),
         "e3_bucket_size": run.with_options(world_size=widest, bucket_mb=caps),
         "e4_scaling": run.with_options(world_size=sizes),
         # whole cycles of n: the analysis averages each cycle of n iterations
         "e5_skip_sync": run.with_options(world_size=widest, sync_every=[1, 2, 4, 8],
                                          iters=[40] if profile != "smoke" else [16]),
-        "e6_convergence": Step("train", {"backend": backends[-1:], "device": device, "world_size": widest,
+        "e6_convergence": Step("train", {"backend": backends[-1:], "device": device[0], "world_size": widest,
                                          "sync_every": [1, 2, 4, 8], "iters": train_iters}),
         "e7_round_robin": run.with_options(world_size=widest, process_groups=[1, 3, 5]),
         # The performance model's inputs: a one-process profile and a dense all-reduce sweep. On a CPU
         # the ranks of a run share this host's cores: profile as many copies at once as a run has ranks.
         "model_profile": Step("profile", {"device": device, "model": models, **inputs, **iters,
                                           **({} if gpus else {"threads": [1], "colocated": sizes})}),
-        "model_allreduce": Step("allreduce", {"mode": "size", "backend": backends, "device": device,
+        "model_allreduce": Step("allreduce", {"mode": "size", "backend": backends, "device": device[0],
                                               "world_size": widest, "sizes": model_sizes, **model_reps}),
     }
     if not gpus:
@@ -155,7 +157,7 @@ def scale_steps(profile: str, run: Step, out_dir: Path) -> dict[str, Step]:
     """Experiment name -> Step for the scale model; the profiles come from `out_dir`."""
     if profile != "quick":
         return {}
-    measured = str(out_dir / "model_profile.jsonl")
+    measured = out_dir / "model_profile.jsonl"
     fresh = [str(out_dir / "scale_profile.jsonl")]  # profiled right before the validation it drives
     gpu = [str(out_dir / "scale_gpu_profile.jsonl")]
     link = {"world_size": [2], "link": ["2.5gbit"], "iters": [10], "warmup": [2]}

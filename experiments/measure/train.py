@@ -15,9 +15,10 @@ import dataclasses
 import itertools
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.args import add_network_arguments, check_positive, parse_network_arguments
+from experiments.args import add_network_arguments, check_positive, items, parse_network_arguments
 from experiments.core.config import (
     BACKENDS,
     DEVICES,
@@ -51,6 +52,27 @@ class TrainConfig:
     ranks_per_host: int = 1
 
 
+@dataclass(frozen=True)
+class TrainOptions:
+    """What `ddpbench train` trains and where its records go (its flags, typed). A list option takes its
+    comma-separated text or the values themselves; backend and device None: the hardware's."""
+
+    out: Path
+    sync_every: str | list[int] = "1,2,4,8"
+    backend: str | list[str] | None = None
+    device: str | None = None
+    world_size: str | list[int] = "2"
+    batch_size: int = 16
+    iters: int = 400
+    lr: float = 0.05
+    seed: int = 0
+    threads: int = 1
+    link: str | list[str] = "none"
+    ranks_per_host: str | list[int] = "1"
+    resume: bool = False
+    timeout: float = 600.0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `train` sub-command's options."""
     parser.add_argument("--sync-every", default="1,2,4,8",
@@ -67,24 +89,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_network_arguments(parser)
 
 
-def resolve(args: argparse.Namespace) -> list[TrainConfig]:
+def main(options: TrainOptions) -> int:
+    """`ddpbench train`: train every run not yet recorded in --out (see command.measure_jobs)."""
+    from experiments.measure.command import measure_jobs
+
+    return measure_jobs("train", options.out, options.resume, options.timeout, lambda: resolve(options),
+                        lambda runs: run(runs, options))
+
+
+def resolve(options: TrainOptions) -> list[TrainConfig]:
     """Validated training runs, one per (backend, world size, sync-every)."""
     default_backend, default_device = default_backend_and_device()
-    backends = [b.strip() for b in (args.backend or default_backend).split(",")]
-    device = args.device or default_device
-    for name, value in (("batch-size", args.batch_size), ("iters", args.iters), ("threads", args.threads)):
+    backends = items(options.backend or default_backend)
+    device = options.device or default_device
+    for name, value in (("batch-size", options.batch_size), ("iters", options.iters), ("threads", options.threads)):
         if value < 1:
             raise ConfigError(f"--{name}={value} is not allowed; it must be >= 1")
-    check_positive("lr", args.lr)
+    check_positive("lr", options.lr)
     runs = []
     for backend, world_size, n, (link, ranks_per_host) in itertools.product(
-        backends, parse_ints("world-size", args.world_size, 1), parse_ints("sync-every", args.sync_every, 1),
-        parse_network_arguments(args),
+        backends, parse_ints("world-size", options.world_size, 1), parse_ints("sync-every", options.sync_every, 1),
+        parse_network_arguments(options.link, options.ranks_per_host),
     ):
         validate_backend(backend, device, world_size)
         validate_network(link, ranks_per_host, world_size)
-        runs.append(TrainConfig(n, backend, device, world_size, args.batch_size, args.iters, args.lr, args.seed,
-                                args.threads, link, ranks_per_host))
+        runs.append(TrainConfig(n, backend, device, world_size, options.batch_size, options.iters, options.lr,
+                                options.seed, options.threads, link, ranks_per_host))
     return runs
 
 
@@ -153,8 +183,8 @@ def make_record(config: TrainConfig, per_rank: list[dict], wall_s: float) -> dic
     }
 
 
-def run(runs: list[TrainConfig], args: argparse.Namespace) -> dict:
+def run(runs: list[TrainConfig], options: TrainOptions) -> dict:
     """Train every run not yet recorded (see sweep.run_jobs)."""
     from experiments.measure.sweep import run_jobs
 
-    return run_jobs(runs, args.out, train, make_record, "train", resume=args.resume, timeout=args.timeout)
+    return run_jobs(runs, options.out, train, make_record, "train", resume=options.resume, timeout=options.timeout)

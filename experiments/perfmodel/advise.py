@@ -15,6 +15,7 @@ import dataclasses
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.args import check_positive, check_timeout
@@ -31,6 +32,34 @@ from experiments.perfmodel.report import build_report, format_markdown, format_t
 # the command line can import this module to parse its options without them.
 SINGLE = ("model", "model_config", "amp", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup",
           "device")
+
+
+@dataclass(frozen=True)
+class AdviseOptions:
+    """What `ddpbench advise` profiles (or reads: trace, from_profile), the network it predicts for, and where
+    it writes (its flags, typed; the profile's options as comma-free text, None: their defaults)."""
+
+    model: str | None = None
+    trace: Path | None = None
+    model_config: str | None = None
+    amp: str | None = None
+    batch_size: str | None = None
+    image_size: str | None = None
+    seq_len: str | None = None
+    iters: str | None = None
+    warmup: str | None = None
+    threads: str | None = None
+    device: str | None = None
+    world_size: int = 2
+    cluster: str | None = None
+    link: str = "none"
+    ranks_per_host: int = 1
+    allreduce: Path | None = None
+    compute_s: float | None = None
+    colocated: int | None = None
+    out: Path | None = None
+    from_profile: Path | None = None
+    timeout: float = 600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,19 +95,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds the measurement may take")
 
 
-def resolve(args: argparse.Namespace) -> RunConfig:
+def resolve(options: AdviseOptions) -> RunConfig:
     """The profile's config, validated (ConfigError naming a bad value)."""
     from experiments.perfmodel import profiler as profiling
 
     _backend, device = default_backend_and_device()
-    lists = {name: parse_list(name, getattr(args, name)) for name in SINGLE if getattr(args, name, None) is not None}
+    lists = {name: parse_list(name, getattr(options, name)) for name in SINGLE
+             if getattr(options, name, None) is not None}
     for name, values in lists.items():
         if len(values) != 1:
             raise ConfigError(f"--{name.replace('_', '-')}: advise takes one value, got {len(values)}")
-    if args.world_size < 1:
-        raise ConfigError(f"--world-size={args.world_size} is not allowed; it must be >= 1")
-    here = args.cluster is None  # the ranks will share this machine's cores
-    copies = args.colocated or (args.world_size if here else 1)
+    if options.world_size < 1:
+        raise ConfigError(f"--world-size={options.world_size} is not allowed; it must be >= 1")
+    here = options.cluster is None  # the ranks will share this machine's cores
+    copies = options.colocated or (options.world_size if here else 1)
     if copies < 1:
         raise ConfigError(f"--colocated={copies} is not allowed; it must be >= 1")
     lists.setdefault("device", [device])
@@ -90,14 +120,14 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     return config
 
 
-def network(args: argparse.Namespace, config: RunConfig) -> CommModel:
+def network(options: AdviseOptions, config: RunConfig) -> CommModel:
     """The network advise predicts for: --cluster, or this machine's all-reduce records (--allreduce,
     default results/runs/<machine>) of the config's backend and device, behind --link if given."""
-    allreduce = args.allreduce or Path(__file__).resolve().parents[2] / "results" / "runs" / machine_name()
-    if args.cluster is None and not allreduce.exists():
+    allreduce = options.allreduce or Path(__file__).resolve().parents[2] / "results" / "runs" / machine_name()
+    if options.cluster is None and not allreduce.exists():
         raise ConfigError(f"--allreduce: no all-reduce records at {allreduce}; measure them with `ddpbench allreduce "
                           f"--mode size --world-size 2 --out {allreduce}/allreduce.jsonl`, or pass --cluster")
-    return comm_model(args.cluster, allreduce, args.link, args.ranks_per_host, config.backend, config.device)
+    return comm_model(options.cluster, allreduce, options.link, options.ranks_per_host, config.backend, config.device)
 
 
 def measure(rank: int, world_size: int, config_fields: dict) -> dict:
@@ -128,48 +158,48 @@ def make_record(config: RunConfig, per_rank: list[dict], wall_s: float) -> dict:
     return record
 
 
-def main(args: argparse.Namespace) -> int:
+def main(options: AdviseOptions) -> int:
     """Profile, predict, print the report (and write it with --out); 2 on bad input, 1 if measuring failed."""
     from experiments.args import check_output
     from experiments.measure.sweep import run_jobs
 
-    if args.trace is not None:
-        return _trace(args)
+    if options.trace is not None:
+        return _trace(options)
     try:
-        if args.model is None:
+        if options.model is None:
             raise ConfigError("--model is required (the model to profile), or --trace (a trace of your own loop)")
-        config = resolve(args)
-        comm = network(args, config)
-        if args.out is not None:
+        config = resolve(options)
+        comm = network(options, config)
+        if options.out is not None:
             for suffix in (".md", ".json", ".profile.jsonl"):
-                check_output(args.out.with_name(args.out.name + suffix))
-        if args.compute_s is not None:
-            check_positive("compute-s", args.compute_s)
-        check_timeout("timeout", args.timeout)
-        stored = _stored(args.from_profile, args.model) if args.from_profile is not None else None
+                check_output(options.out.with_name(options.out.name + suffix))
+        if options.compute_s is not None:
+            check_positive("compute-s", options.compute_s)
+        check_timeout("timeout", options.timeout)
+        stored = _stored(options.from_profile, options.model) if options.from_profile is not None else None
     except ConfigError as error:
         print(f"ddpbench advise: error: {error}", file=sys.stderr)
         return 2
     if stored is not None:
-        found = read_records(args.from_profile)
-        return _report(stored, *_interference(comm, args, found, config), args, args.from_profile)
+        found = read_records(options.from_profile)
+        return _report(stored, *_interference(comm, options, found, config), options, options.from_profile)
     # Up front, before minutes of measuring: a profile of this device for another device's network.
-    for warning in mismatch_warnings(this_device(config.device), "profile", comm, args.cluster, config.device,
-                                     args.compute_s):
+    for warning in mismatch_warnings(this_device(config.device), "profile", comm, options.cluster, config.device,
+                                     options.compute_s):
         print(f"ddpbench advise: warning: {warning}", file=sys.stderr, flush=True)
     kept: list[dict] = []
     with tempfile.TemporaryDirectory() as scratch:
-        records = (args.out.with_name(args.out.name + ".profile.jsonl") if args.out is not None
+        records = (options.out.with_name(options.out.name + ".profile.jsonl") if options.out is not None
                    else Path(scratch) / "profile.jsonl")
-        if args.out is not None:
+        if options.out is not None:
             records.parent.mkdir(parents=True, exist_ok=True)
         print(f"ddpbench advise: profiling {config.model} ({config.world_size} co-located "
               f"cop{'y' if config.world_size == 1 else 'ies'}, {config.warmup} + {config.iters} iterations each "
               "way, plus the probes) ...", file=sys.stderr)
-        counts = run_jobs([config], records, measure, make_record, "profile", timeout=args.timeout,
+        counts = run_jobs([config], records, measure, make_record, "profile", timeout=options.timeout,
                           on_record=lambda job, record, per_rank: kept.append(record),
                           echo=lambda line: print(line, file=sys.stderr))
-        if args.cluster is None and args.world_size > 1 and kept and kept[0]["status"] == "ok":
+        if options.cluster is None and options.world_size > 1 and kept and kept[0]["status"] == "ok":
             # The ranks will share this host: how much their backward slows while Gloo reduces beside it.
             from experiments.perfmodel import interference
 
@@ -178,23 +208,23 @@ def main(args: argparse.Namespace) -> int:
                   "all-reduce of the gradient bytes; on a CPU, DDP's backward with overlap and without) ...",
                   file=sys.stderr)
             run_jobs([probe], records, interference.measure, interference.make_record, "interference",
-                     timeout=args.timeout, on_record=lambda job, record, per_rank: kept.append(record),
+                     timeout=options.timeout, on_record=lambda job, record, per_rank: kept.append(record),
                      echo=lambda line: print(line, file=sys.stderr))
     if counts["failed"] and not (kept and "probes" in kept[0]):
         return 1  # the ranks' error is printed above
-    return _report(kept[0], *_interference(comm, args, kept, config), args,
-                   records if args.out is not None else None)
+    return _report(kept[0], *_interference(comm, options, kept, config), options,
+                   records if options.out is not None else None)
 
 
-def _interference(comm: CommModel, args: argparse.Namespace, found: list[dict], config: RunConfig):
+def _interference(comm: CommModel, options: AdviseOptions, found: list[dict], config: RunConfig):
     """`comm` with the interference term of `config`'s model among `found` (the probe advise just ran, or
     the --from-profile file's), else the fit's (results/runs), and the line that says which or why none."""
     from experiments.perfmodel import interference
 
-    if args.cluster is not None:
+    if options.cluster is not None:
         return (dataclasses.replace(comm, interference=None),
-                interference.describe(None, f"the probe measures this machine, not {args.cluster}'s GPUs"))
-    if args.world_size == 1:
+                interference.describe(None, f"the probe measures this machine, not {options.cluster}'s GPUs"))
+    if options.world_size == 1:
         return comm, interference.describe(None, "one rank reduces nothing")
     term = interference.pick(found, config.backend, config.device, model=config.model) or comm.interference
     why = "no interference probe in the profile file or with this machine's all-reduce records"
@@ -206,34 +236,36 @@ MEASURING = ("model_config", "amp", "batch_size", "image_size", "seq_len", "thre
              "colocated", "from_profile")
 
 
-def _trace(args: argparse.Namespace) -> int:
+def _trace(options: AdviseOptions) -> int:
     """`advise --trace`: the report from a trace of the user's own loop; nothing is measured."""
-    from experiments.perfmodel.commands import traced_profile
+    from experiments.perfmodel.commands import PICKS, traced_profile
     from experiments.perfmodel.report import build_trace_report
 
     try:
-        given = [f"--{name.replace('_', '-')}" for name in MEASURING if getattr(args, name, None) is not None]
+        given = [f"--{name.replace('_', '-')}" for name in MEASURING if getattr(options, name, None) is not None]
         if given:
             raise ConfigError(f"{', '.join(given)} {'say' if len(given) > 1 else 'says'} what advise measures; with "
                               "--trace nothing is measured "
                               "(drop them, or trace your loop with the inputs you want)")
-        if args.world_size < 1:
-            raise ConfigError(f"--world-size={args.world_size} is not allowed; it must be >= 1")
-        if args.compute_s is not None:
-            check_positive("compute-s", args.compute_s)
-        if args.out is not None:
+        if options.world_size < 1:
+            raise ConfigError(f"--world-size={options.world_size} is not allowed; it must be >= 1")
+        if options.compute_s is not None:
+            check_positive("compute-s", options.compute_s)
+        if options.out is not None:
             from experiments.args import check_output
 
             for suffix in (".md", ".json"):
-                check_output(args.out.with_name(args.out.name + suffix))
-        trace = traced_profile(args)
+                check_output(options.out.with_name(options.out.name + suffix))
+        trace = traced_profile(options.trace, options.model, options.compute_s,
+                               {k: getattr(options, k) for k in PICKS})
         device = trace.profile.config["device"]
         traced = RunConfig(model=trace.profile.model, backend="nccl" if device == "cuda" else "gloo", device=device)
-        comm, interference_line = _interference(network(args, traced), args, [], traced)
+        comm, interference_line = _interference(network(options, traced), options, [], traced)
     except ConfigError as error:
         print(f"ddpbench advise: error: {error}", file=sys.stderr)
         return 2
-    return _show(build_trace_report(trace, comm, args, args.trace), interference_line, args)
+    return _show(build_trace_report(trace, comm, options.world_size, options.cluster, options.compute_s, options.trace),
+                 interference_line, options)
 
 
 def this_device(device: str) -> Device:
@@ -257,15 +289,16 @@ def _stored(path: Path, model: str) -> dict:
     return found[-1]
 
 
-def _report(record: dict, comm, interference_line: str, args, profile_path: Path | None) -> int:
-    return _show(build_report(record, comm, args, profile_path), interference_line, args)
+def _report(record: dict, comm, interference_line: str, options: AdviseOptions, profile_path: Path | None) -> int:
+    return _show(build_report(record, comm, options.world_size, options.cluster, options.compute_s, profile_path),
+                 interference_line, options)
 
 
-def _show(report: dict, interference_line: str, args) -> int:
+def _show(report: dict, interference_line: str, options: AdviseOptions) -> int:
     """Print the report (naming the interference term it used) and write it where --out says."""
     report["interference"] = interference_line
     print(format_terminal(report))
-    if args.out is not None:
-        write_outputs(report, args.out, format_markdown(report))
-        print(f"ddpbench advise: wrote {args.out}.md and {args.out}.json", file=sys.stderr)
+    if options.out is not None:
+        write_outputs(report, options.out, format_markdown(report))
+        print(f"ddpbench advise: wrote {options.out}.md and {options.out}.json", file=sys.stderr)
     return 0

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.args import check_at_least, check_positive
@@ -29,7 +30,7 @@ from experiments.core.config import (
 )
 from experiments.core.profile import Profile, config_value
 from experiments.core.records import read_records
-from experiments.measure.configs import expand_grid
+from experiments.measure.configs import expand_grid, grid_values
 from experiments.perfmodel.comm import CLUSTERS
 from experiments.perfmodel.devices import device_warnings
 from experiments.perfmodel.predict import (
@@ -51,6 +52,29 @@ from experiments.perfmodel.simulate import Schedule
 PROFILED = ("model", "batch_size", "image_size", "seq_len", "threads", "iters", "warmup", "device", "model_config", "amp")
 
 
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What `ddpbench profile` profiles and where its records go (its flags, typed). A list option takes its
+    comma-separated text (model_config: ';' between configurations) or the values themselves; None: RunConfig's
+    default (device: the hardware's, threads: 1)."""
+
+    out: Path
+    model: str | list[str] | None = None
+    batch_size: str | list[int] | None = None
+    image_size: str | list[int] | None = None
+    seq_len: str | list[int] | None = None
+    threads: str | list[int] | None = None
+    iters: str | list[int] | None = None
+    warmup: str | list[int] | None = None
+    device: str | list[str] | None = None
+    model_config: str | list[str] | None = None
+    amp: str | list[str] | None = None
+    colocated: str | list[int] = "1"
+    interference_probe: str = "on"
+    resume: bool = False
+    timeout: float = 600.0
+
+
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     """`ddpbench profile`: what to profile (one process, world size 1)."""
     for name in PROFILED:
@@ -66,21 +90,29 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
                         "ranks; seconds) into --out (default on)")
 
 
-def resolve(args: argparse.Namespace) -> list[RunConfig]:
+def profile(options: ProfileOptions) -> int:
+    """`ddpbench profile`: profile every config not yet recorded in --out, then probe (see command.measure_jobs)."""
+    from experiments.measure.command import measure_jobs
+
+    return measure_jobs("profile", options.out, options.resume, options.timeout, lambda: resolve(options),
+                        lambda configs: run(configs, options))
+
+
+def resolve(options: ProfileOptions) -> list[RunConfig]:
     """The configs to profile (world size = co-located copies, each a world of one), validated."""
     from experiments.perfmodel.profiler import profile_config  # imports torch: not to parse the options
 
     _, default_device = default_backend_and_device()
-    lists = {name: parse_list(name, getattr(args, name)) for name in PROFILED if getattr(args, name) is not None}
+    lists = {name: grid_values(name, getattr(options, name)) for name in PROFILED if getattr(options, name) is not None}
     lists.setdefault("device", [default_device])
     lists.setdefault("threads", [1])  # as the main job's runs: one compute thread per rank
-    colocated = parse_ints("colocated", args.colocated, 1)
+    colocated = parse_ints("colocated", options.colocated, 1)
     configs = [dataclasses.replace(profile_config(c, n), backend="nccl" if c.device == "cuda" else "gloo")
                for c in expand_grid({**lists, "world_size": [1]}) for n in colocated]
     for config in configs:  # co-located GPU copies need a GPU each
         validate_backend(config.backend, config.device, config.world_size)
-    if args.interference_probe not in ("on", "off"):
-        raise ConfigError(f"--interference-probe={args.interference_probe!r} is not allowed; choose on or off")
+    if options.interference_probe not in ("on", "off"):
+        raise ConfigError(f"--interference-probe={options.interference_probe!r} is not allowed; choose on or off")
     return configs
 
 
@@ -91,18 +123,65 @@ def probes_of(configs: list[RunConfig]) -> list:
     return list(dict.fromkeys(probe_config(c, ranks_here(c.device)) for c in configs))
 
 
-def run(configs: list[RunConfig], args: argparse.Namespace) -> dict:
+def run(configs: list[RunConfig], options: ProfileOptions) -> dict:
     """Profile every config not yet recorded (see sweep.run_jobs)."""
     from experiments.measure.sweep import run_jobs
     from experiments.perfmodel.profiler import make_record, measure
 
-    counts = run_jobs(configs, args.out, measure, make_record, "profile", resume=args.resume, timeout=args.timeout)
-    if args.interference_probe == "on":
+    counts = run_jobs(configs, options.out, measure, make_record, "profile", resume=options.resume,
+                      timeout=options.timeout)
+    if options.interference_probe == "on":
         from experiments.perfmodel.interference import run_probes
 
-        probed = run_probes(probes_of(configs), args.out, resume=args.resume, timeout=args.timeout)
+        probed = run_probes(probes_of(configs), options.out, resume=options.resume, timeout=options.timeout)
         counts = {key: counts[key] + probed[key] for key in counts}
     return counts
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """What `ddpbench predict` predicts, from which profile (or trace) and network (its flags, typed). The
+    profile is picked by model_config .. colocated where given (None: the newest); the schedule lists take
+    their comma-separated text."""
+
+    profile: Path | None = None
+    trace: Path | None = None
+    model: str | None = None
+    model_config: str | None = None
+    amp: str | None = None
+    batch_size: int | None = None
+    image_size: int | None = None
+    seq_len: int | None = None
+    threads: int | None = None
+    colocated: int | None = None
+    compute_s: float | None = None
+    cluster: str | None = None
+    allreduce: Path | None = None
+    link: str = "none"
+    ranks_per_host: int = 1
+    backend: str = "gloo"
+    device: str = "cpu"
+    interference: str | None = None
+    world_size: str = "2"
+    bucket_mb: str = "25"
+    first_bucket_mb: float = 1.0
+    sync_every: str = "1"
+    process_groups: str = "1"
+    overlap: str = "on"
+    json: bool = False
+    command: str = "predict"
+
+
+@dataclass(frozen=True)
+class TuneBucketOptions(PredictOptions):
+    """What `ddpbench tune-bucket` tunes: predict's options, over the bucket caps to choose from."""
+
+    bucket_mb: str = DEFAULT_CAPS
+    command: str = "tune-bucket"
+
+
+# The options that pick one profile among the records (with a trace, the trace is the one profile).
+PICKS = ("model_config", "amp", "batch_size", "image_size", "seq_len", "threads", "colocated")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
@@ -144,38 +223,39 @@ def add_model_arguments(parser: argparse.ArgumentParser, tune: bool) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def chosen_profile(args: argparse.Namespace) -> Profile:
+def chosen_profile(options: PredictOptions) -> Profile:
     """The newest profile of --model measured as --colocated copies (narrowed by any input options given)."""
-    if args.model is None:
+    if options.model is None:
         raise ConfigError("--model is required with --profile (the profiled model to predict)")
     try:
-        records = read_records(args.profile)
+        records = read_records(options.profile)
     except FileNotFoundError as error:
         raise ConfigError(f"--profile: {error}") from None
-    flags = {k: getattr(args, k) for k in ("batch_size", "image_size", "seq_len", "threads", "colocated",
-                                           "model_config", "amp") if getattr(args, k, None) is not None}
+    flags = {k: getattr(options, k) for k in ("batch_size", "image_size", "seq_len", "threads", "colocated",
+                                           "model_config", "amp") if getattr(options, k, None) is not None}
     if "colocated" not in flags:
         # One copy (a process alone) by default; where the file holds profiles of one other copy count only
         # (`advise` profiles as many copies as ranks), that one: it is the only profile there is.
         counts = {r["config"]["world_size"] for r in records if r.get("kind") == "profile" and r["status"] == "ok"
-                  and r["config"]["model"] == args.model}
+                  and r["config"]["model"] == options.model}
         flags["colocated"] = 1 if 1 in counts or len(counts) != 1 else counts.pop()
     # a profile's world size is its count of co-located copies
     wanted = {("world_size" if k == "colocated" else k): v for k, v in flags.items()}
     matches = [r for r in records if r.get("kind") == "profile" and r["status"] == "ok"
-               and r["config"]["model"] == args.model
+               and r["config"]["model"] == options.model
                and all(config_value(r["config"], k) == v for k, v in wanted.items())]
     if not matches:
         found = sorted({f"{r['config']['model']} (colocated {r['config']['world_size']})"
                         for r in records if r.get("kind") == "profile"})
         asked = ", ".join(f"--{k.replace('_', '-')}={v}" for k, v in flags.items())
         counts = sorted({r["config"]["world_size"] for r in records if r.get("kind") == "profile"
-                         and r["config"]["model"] == args.model})
+                         and r["config"]["model"] == options.model})
         hint = (f"; add --colocated {counts[0]}" if len(counts) == 1 else
                 f"; add --colocated with one of {', '.join(map(str, counts))}") if counts else ""
-        raise ConfigError(f"--profile={str(args.profile)!r} holds no profile of --model={args.model!r} with {asked}; "
+        raise ConfigError(f"--profile={str(options.profile)!r} holds no profile of --model={options.model!r} with "
+                          f"{asked}; "
                           f"it has: {', '.join(found) or 'none'}{hint} (make one with `ddpbench profile`)")
-    return scaled_to_compute(Profile.from_record(matches[-1]), args.compute_s)
+    return scaled_to_compute(Profile.from_record(matches[-1]), options.compute_s)
 
 
 def scaled_to_compute(profile: Profile, compute_s: float | None) -> Profile:
@@ -186,92 +266,94 @@ def scaled_to_compute(profile: Profile, compute_s: float | None) -> Profile:
     return profile.scaled(compute_s / profile.compute)
 
 
-def traced_profile(args: argparse.Namespace):
-    """The trace of --trace read as a profile, scaled by --compute-s: compute (earlier micro-batches too)
-    scales, `other` (data loading, the user's own work) stays as traced - another device does not change it."""
+def traced_profile(path: Path, model: str | None, compute_s: float | None, picks: dict):
+    """The trace at `path` read as a profile of `model`, scaled by --compute-s: compute (earlier micro-batches
+    too) scales, `other` (data loading, the user's own work) stays as traced - another device does not change
+    it. `picks`: the PICKS options given, which a trace refuses (ConfigError)."""
     from experiments.perfmodel.trace import read_trace
 
-    picked = [f"--{k.replace('_', '-')}" for k in ("model_config", "amp", "batch_size", "image_size", "seq_len",
-                                                   "threads", "colocated") if getattr(args, k, None) is not None]
+    picked = [f"--{k.replace('_', '-')}" for k in PICKS if picks.get(k) is not None]
     if picked:
         raise ConfigError(f"{', '.join(picked)} pick among profile records; with --trace the trace is the one profile "
                           "(drop them, or trace your loop with the inputs you want)")
-    trace = read_trace(args.trace, args.model)
-    if args.compute_s is not None:
-        scaled = scaled_to_compute(trace.profile, args.compute_s)
+    trace = read_trace(path, model)
+    if compute_s is not None:
+        scaled = scaled_to_compute(trace.profile, compute_s)
         factor = scaled.compute / trace.profile.compute
         trace = dataclasses.replace(trace, profile=scaled, accumulate=trace.accumulate * factor)
     return trace
 
 
-def schedules(args: argparse.Namespace) -> list[Schedule]:
+def schedules(options: PredictOptions) -> list[Schedule]:
     """Every combination of the schedule lists, validated."""
     overlaps = []
-    for item in args.overlap.split(","):
+    for item in options.overlap.split(","):
         if item.strip() not in ("on", "off"):
             raise ConfigError(f"--overlap: {item.strip()!r} is not allowed; choose on, off, or on,off")
         overlaps.append(item.strip() == "on")
-    caps = parse_list("bucket_mb", args.bucket_mb)
+    caps = parse_list("bucket_mb", options.bucket_mb)
     if any(cap < 0 for cap in caps):
-        raise ConfigError(f"--bucket-mb={args.bucket_mb} is not allowed; caps must be >= 0")
-    check_at_least("first-bucket-mb", args.first_bucket_mb, 0)
-    return [Schedule(world_size=p, bucket_mb=cap, first_bucket_mb=args.first_bucket_mb, overlap=overlap,
+        raise ConfigError(f"--bucket-mb={options.bucket_mb} is not allowed; caps must be >= 0")
+    check_at_least("first-bucket-mb", options.first_bucket_mb, 0)
+    return [Schedule(world_size=p, bucket_mb=cap, first_bucket_mb=options.first_bucket_mb, overlap=overlap,
                      sync_every=n, process_groups=k)
             for p, cap, n, k, overlap in itertools.product(
-                parse_ints("world-size", args.world_size, 1), caps, parse_ints("sync-every", args.sync_every, 1),
-                parse_ints("process-groups", args.process_groups, 1), overlaps)]
+                parse_ints("world-size", options.world_size, 1), caps, parse_ints("sync-every", options.sync_every, 1),
+                parse_ints("process-groups", options.process_groups, 1), overlaps)]
 
 
-def main(args: argparse.Namespace) -> int:
+def main(options: PredictOptions) -> int:
     """`predict` and `tune-bucket`: print predictions (and the recommended cap); 2 on bad input."""
     import sys
 
     trace = None
     try:
-        comm = comm_model(args.cluster, args.allreduce, args.link, args.ranks_per_host, args.backend, args.device)
-        if args.trace is not None:
-            trace = traced_profile(args)
+        comm = comm_model(options.cluster, options.allreduce, options.link, options.ranks_per_host, options.backend,
+                          options.device)
+        if options.trace is not None:
+            trace = traced_profile(options.trace, options.model, options.compute_s,
+                                   {k: getattr(options, k) for k in PICKS})
             profile = trace.profile
         else:
-            profile = chosen_profile(args)
-        comm, interference_line = with_interference(comm, args.cluster, args.interference, _found(args),
-                                                    args.backend, args.device, profile.model)
-        plans = schedules(args)
-        if args.command == "tune-bucket" and len({(s.world_size, s.sync_every, s.process_groups, s.overlap)
+            profile = chosen_profile(options)
+        comm, interference_line = with_interference(comm, options.cluster, options.interference, _found(options),
+                                                    options.backend, options.device, profile.model)
+        plans = schedules(options)
+        if options.command == "tune-bucket" and len({(s.world_size, s.sync_every, s.process_groups, s.overlap)
                                                  for s in plans}) > 1:
             raise ConfigError("tune-bucket takes one value each of --world-size, --sync-every, --process-groups "
                               "and --overlap; it varies --bucket-mb")
     except ConfigError as error:
-        print(f"ddpbench {args.command}: error: {error}", file=sys.stderr)
+        print(f"ddpbench {options.command}: error: {error}", file=sys.stderr)
         return 2
     # Up front, before any figure: a prediction read before its caveat misleads.
-    warnings = device_warnings(profile, comm, args.cluster, args.device, args.compute_s)
+    warnings = device_warnings(profile, comm, options.cluster, options.device, options.compute_s)
     if trace is not None:
         warnings += trace.warnings
     for warning in warnings:
-        print(f"ddpbench {args.command}: warning: {warning}", file=sys.stderr, flush=True)
+        print(f"ddpbench {options.command}: warning: {warning}", file=sys.stderr, flush=True)
     rows = predict_rows(profile, comm, plans, None if trace is None else trace.other + trace.accumulate)
     result = {"model": profile.model, "profile": profile.config, "network": comm.name, "source": comm.source,
               "warnings": warnings, "interference": dataclasses.asdict(comm.interference) if comm.interference else None,
               "interference_line": interference_line, "predictions": rows}
     result["caveats"] = prediction_caveats(comm, rows)
-    if args.command == "tune-bucket":
+    if options.command == "tune-bucket":
         near = [row["bucket_mb"] for row in near_best(rows)]
         result["recommended_bucket_mb"] = near[0]
         result["near_best_bucket_mb"] = near
         result["recommendation"] = recommendation_line(rows, near, model_error(comm))
     if trace is not None:
         result["trace"] = trace_summary(trace, comm, plans, result.get("recommended_bucket_mb"))
-    if args.json:
+    if options.json:
         print(json.dumps(result, indent=1))
         return 0
     print(f"{profile.model} on {comm.name} (model prediction; {comm.source})")
     if trace is not None:
         from experiments.perfmodel.trace import describe
 
-        print(describe(trace, args.trace))
+        print(describe(trace, options.trace))
     else:
-        print(describe_profile(profile, args.profile, args.compute_s))
+        print(describe_profile(profile, options.profile, options.compute_s))
     print(interference_line)
     print(format_rows(rows))
     print("\n".join(result["caveats"]))
@@ -280,7 +362,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"buckets at {shown['world_size']} ranks, cap {shown['bucket_mb']:g} MB "
                   f"(overlap {'on' if shown['overlap'] else 'off'}):")
             print("\n".join(shown["lines"]))
-    if args.command == "tune-bucket":
+    if options.command == "tune-bucket":
         print(result["recommendation"])
     return 0
 
@@ -302,11 +384,11 @@ def recommendation_line(rows: list[dict], near: list[float], error) -> str:
     return f"recommended --bucket-mb {near[0]:g}{also}"
 
 
-def _found(args: argparse.Namespace) -> list[dict]:
+def _found(options: PredictOptions) -> list[dict]:
     """The records a probe may come from: --allreduce's and --profile's (none with --cluster)."""
-    if args.cluster is not None:
+    if options.cluster is not None:
         return []
-    paths = [args.allreduce] + ([args.profile] if getattr(args, "profile", None) is not None else [])
+    paths = [options.allreduce] + ([options.profile] if getattr(options, "profile", None) is not None else [])
     return [r for path in paths for r in read_records(path) if r.get("kind") == "interference"]
 
 

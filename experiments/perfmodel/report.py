@@ -82,8 +82,10 @@ def _memory_figures(figures: list, record: dict, size: dict) -> None:
                 "and between iterations where gradients are kept)", "counted", -size["gradient_bytes"] / MB)
 
 
-def build_report(record: dict, comm: CommModel, args, profile_path: Path | None) -> dict:
-    """Every figure of the report, from the advise record (profile + probes) and the network."""
+def build_report(record: dict, comm: CommModel, world_size: int, cluster: str | None, compute_s: float | None,
+                 profile_path: Path | None) -> dict:
+    """Every figure of the report, from the advise record (profile + probes) and the network, for
+    `world_size` ranks (`cluster`: the preset predicted for, if any; `compute_s`: the profile scaled to it)."""
     from experiments.perfmodel.probe import medians  # imports torch: not when the command line parses options
 
     c = record["config"]
@@ -91,7 +93,7 @@ def build_report(record: dict, comm: CommModel, args, profile_path: Path | None)
     size = record.get("model_size") or record["probes"].get("model_size") or {}
     figures: list[dict] = []
     report = {"model": c["model"], "model_config": c.get("model_config", ""), "amp": c.get("amp", "none"),
-              "model_hash": c.get("model_hash", ""), "world_size": args.world_size, "network": comm.name,
+              "model_hash": c.get("model_hash", ""), "world_size": world_size, "network": comm.name,
               "network_source": comm.source, "figures": figures, "warnings": [], "profile_config": c,
               "profile_file": str(profile_path) if profile_path else None}
     _figure(figures, "parameters", f"{size.get('parameters', 0) / 1e6:.2f} M", "counted", size.get("parameters"))
@@ -112,24 +114,25 @@ def build_report(record: dict, comm: CommModel, args, profile_path: Path | None)
         return report
 
     profile = Profile.from_record(record)
-    if args.compute_s:
-        profile = profile.scaled(args.compute_s / profile.compute)
-    report["profile"] = describe_profile(profile, profile_path or "(not kept: pass --out)", args.compute_s)
-    report["warnings"] += device_warnings(profile, comm, args.cluster, record["config"]["device"], args.compute_s)
+    if compute_s:
+        profile = profile.scaled(compute_s / profile.compute)
+    report["profile"] = describe_profile(profile, profile_path or "(not kept: pass --out)", compute_s)
+    report["warnings"] += device_warnings(profile, comm, cluster, record["config"]["device"], compute_s)
     iterations = [sum(row[k] for k in ("forward", "backward", "tail", "optimizer")) for row in record["synced"]]
     quartiles = statistics.quantiles(iterations, n=4) if len(iterations) > 1 else [iterations[0]] * 3
     _figure(figures, "compute per iteration, the profile (forward / backward / optimizer)",
             f"{profile.compute * 1e3:.1f} ms ({profile.forward * 1e3:.1f} / {profile.backward * 1e3:.1f} / "
             f"{profile.optimizer * 1e3:.1f}); interquartile {quartiles[0] * 1e3:.1f}-{quartiles[2] * 1e3:.1f} ms"
-            + (" (scaled by --compute-s)" if args.compute_s else ""), "measured", profile.compute)
+            + (" (scaled by --compute-s)" if compute_s else ""), "measured", profile.compute)
 
     casts = {dtype: probes[f"cast_{dtype}_s"] for dtype in ("float16", "bfloat16")}
     views = (probes["iteration_copies_s"], probes["iteration_views_s"]) if "iteration_views_s" in probes else None
-    _predicted(report, profile, comm, args.world_size, record["names"], registration=True, casts=casts, views=views)
+    _predicted(report, profile, comm, world_size, record["names"], registration=True, casts=casts, views=views)
     return report
 
 
-def build_trace_report(trace, comm: CommModel, args, trace_path: Path) -> dict:
+def build_trace_report(trace, comm: CommModel, world_size: int, cluster: str | None, compute_s: float | None,
+                       trace_path: Path) -> dict:
     """Every figure `advise --trace` can give from a torch.profiler trace of the user's own loop: what the
     trace holds (no model to probe: the graph search, bucket views and the casts are not measured)."""
     from experiments.perfmodel.trace import describe
@@ -137,8 +140,8 @@ def build_trace_report(trace, comm: CommModel, args, trace_path: Path) -> dict:
     profile = trace.profile
     figures: list[dict] = []
     report = {"model": profile.model, "model_config": "", "amp": "none", "model_hash": "",
-              "world_size": args.world_size, "network": comm.name, "network_source": comm.source, "figures": figures,
-              "warnings": device_warnings(profile, comm, args.cluster, profile.config["device"], args.compute_s)
+              "world_size": world_size, "network": comm.name, "network_source": comm.source, "figures": figures,
+              "warnings": device_warnings(profile, comm, cluster, profile.config["device"], compute_s)
               + trace.warnings, "profile_config": profile.config, "profile_file": str(trace_path),
               "profile": describe(trace, trace_path)}
     total = sum(g.nbytes for g in trace.gradients)
@@ -146,12 +149,12 @@ def build_trace_report(trace, comm: CommModel, args, trace_path: Path) -> dict:
             "counted", total)
     _figure(figures, "compute per iteration, the trace (forward / backward / optimizer)",
             f"{profile.compute * 1e3:.1f} ms ({profile.forward * 1e3:.1f} / {profile.backward * 1e3:.1f} / "
-            f"{profile.optimizer * 1e3:.1f})" + (" (scaled by --compute-s)" if args.compute_s else ""), "measured",
+            f"{profile.optimizer * 1e3:.1f})" + (" (scaled by --compute-s)" if compute_s else ""), "measured",
             profile.compute)
     other = trace.other + trace.accumulate
     _figure(figures, "other: data loading, your own work, earlier micro-batches (added as traced)",
             f"{other * 1e3:.1f} ms (data loading {trace.data * 1e3:.1f} ms)", "measured", other)
-    _predicted(report, profile, comm, args.world_size, [g.describe() for g in trace.gradients], other=other)
+    _predicted(report, profile, comm, world_size, [g.describe() for g in trace.gradients], other=other)
     _figure(figures, "not from a trace: find_unused_parameters, gradient_as_bucket_view, the compression casts",
             "need the model itself: `ddpbench advise --model ...`", "n/a")
     return report

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.core.config import ConfigError, to_argv
@@ -224,86 +225,106 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2], help=argparse.SUPPRESS)
 
 
-def main(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class ABOptions:
+    """What `ddpbench ab` compares, and how (its flags, typed; None: the preset's or the mode's default)."""
+
+    base_rev: str
+    head_rev: str = "HEAD"
+    preset: str = "smoke"
+    interleave: str = "iterations"
+    rounds: int | None = None
+    seconds: float | None = None
+    threshold: float | None = None
+    confidence: float = 0.99
+    busy_retries: int | None = None
+    keep: Path | None = None
+    json: bool = False
+    repo: Path = Path(__file__).resolve().parents[2]
+
+
+def main(options: ABOptions) -> int:
     """Check out both revisions, run the preset alternately, compare; 1 if HEAD is slower, 2 on bad input."""
     from experiments.args import check_folder  # cli imports this module
 
-    rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
-    measure_s = args.seconds if args.seconds is not None else PRESETS[args.preset]["seconds"]
-    threshold = args.threshold if args.threshold is not None else THRESHOLDS[args.interleave]
-    retries = args.busy_retries if args.busy_retries is not None else QUIET_RETRIES
+    rounds = options.rounds if options.rounds is not None else PRESETS[options.preset]["rounds"]
+    measure_s = options.seconds if options.seconds is not None else PRESETS[options.preset]["seconds"]
+    threshold = options.threshold if options.threshold is not None else THRESHOLDS[options.interleave]
+    retries = options.busy_retries if options.busy_retries is not None else QUIET_RETRIES
     try:
-        other_mode = {"iterations": ("rounds", "busy_retries"), "processes": ("seconds",)}[args.interleave]
+        other_mode = {"iterations": ("rounds", "busy_retries"), "processes": ("seconds",)}[options.interleave]
         for name in other_mode:
-            if getattr(args, name) is not None:
-                raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} has no effect with --interleave "
-                                  f"{args.interleave}; leave it out, or choose the other --interleave")
-        if args.interleave == "iterations":
+            if getattr(options, name) is not None:
+                raise ConfigError(f"--{name.replace('_', '-')}={getattr(options, name)} has no effect with "
+                                  f"--interleave {options.interleave}; leave it out, or choose the other --interleave")
+        if options.interleave == "iterations":
             if not 0 < measure_s < math.inf:
                 raise ConfigError(f"--seconds={measure_s} is not allowed; it must be a number > 0")
-            interleaved.preset_configs(PRESETS[args.preset]["grid"])  # refuses what it cannot run, before any process
+            # refuses what it cannot run, before any process
+            interleaved.preset_configs(PRESETS[options.preset]["grid"])
         elif rounds < MIN_PAIRED_ROUNDS:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= {MIN_PAIRED_ROUNDS} (rounds are "
                               "compared pairwise)")
-        check_verdict_options(threshold, args.confidence)
+        check_verdict_options(threshold, options.confidence)
         if retries < 0:
             raise ConfigError(f"--busy-retries={retries} is not allowed; it must be >= 0")
-        if args.keep and any((args.keep / f"{name}.jsonl").exists() for name in ("base", "head")):
-            raise ConfigError(f"--keep={str(args.keep)!r} already holds records; choose a new folder")
-        if args.keep:
-            check_folder(args.keep, "keep")
-        revisions = {name: resolve_commit(rev, args.repo, name.upper())
-                     for name, rev in (("base", args.base_rev), ("head", args.head_rev))}
+        if options.keep and any((options.keep / f"{name}.jsonl").exists() for name in ("base", "head")):
+            raise ConfigError(f"--keep={str(options.keep)!r} already holds records; choose a new folder")
+        if options.keep:
+            check_folder(options.keep, "keep")
+        revisions = {name: resolve_commit(rev, options.repo, name.upper())
+                     for name, rev in (("base", options.base_rev), ("head", options.head_rev))}
     except ConfigError as error:
         print(f"ddpbench ab: error: {error}", file=sys.stderr)
         return 2
-    if args.interleave == "iterations":
-        warn_outside_ddp_core(args.repo, revisions)
+    if options.interleave == "iterations":
+        warn_outside_ddp_core(options.repo, revisions)
     session = f"ab-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ddpbench-ab-") as tmp:
-        out_dir = args.keep or Path(tmp)
+        out_dir = options.keep or Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
-        with worktrees(args.repo, revisions, Path(tmp)) as trees:
-            if args.interleave == "iterations":
-                print(f"ab: {args.preset} preset, both revisions' ddp_core in one set of processes per config, "
+        with worktrees(options.repo, revisions, Path(tmp)) as trees:
+            if options.interleave == "iterations":
+                print(f"ab: {options.preset} preset, both revisions' ddp_core in one set of processes per config, "
                       f"taking turns iteration by iteration for about {measure_s:g} s", file=sys.stderr, flush=True)
                 try:
-                    interleaved.run(trees, PRESETS[args.preset]["grid"], measure_s, out_dir, session,
-                                    PRESETS[args.preset]["replicas"])
+                    interleaved.run(trees, PRESETS[options.preset]["grid"], measure_s, out_dir, session,
+                                    PRESETS[options.preset]["replicas"])
                 except Exception as error:  # exit 1 would read as "slower": any failure is 2
-                    print(f"ddpbench ab: the revisions cannot run the {args.preset} preset interleaved "
+                    print(f"ddpbench ab: the revisions cannot run the {options.preset} preset interleaved "
                           f"({type(error).__name__}): {error}", file=sys.stderr)
                     return 2
-            for index in range(rounds if args.interleave == "processes" else 0):
+            for index in range(rounds if options.interleave == "processes" else 0):
                 for name in ("base", "head") if index % 2 == 0 else ("head", "base"):
                     print(f"ab round {index + 1}/{rounds}: {name} ({revisions[name][:10]})", file=sys.stderr,
                           flush=True)
                     try:
-                        error = run_round(trees[name], args.preset, out_dir / f"{name}.jsonl",
+                        error = run_round(trees[name], options.preset, out_dir / f"{name}.jsonl",
                                           {"session": session, "index": index}, retries=retries)
                     except OSError as failure:  # the disk filled up: one line, and not "slower"
                         error = str(failure)
                     if error:
                         print(f"ddpbench ab: the {name} revision ({revisions[name][:10]}) cannot run the "
-                              f"{args.preset} preset: {error}", file=sys.stderr)
+                              f"{options.preset} preset: {error}", file=sys.stderr)
                         return 2
         try:  # exit 1 would read as "slower": a record that cannot be read is a failure, 2
-            rows = compare(out_dir / "base.jsonl", out_dir / "head.jsonl", threshold, args.confidence)
+            rows = compare(out_dir / "base.jsonl", out_dir / "head.jsonl", threshold, options.confidence)
         except RecordError as error:
             print(f"ddpbench ab: error: {error}", file=sys.stderr)
             return 2
         other = other_load([out_dir / "base.jsonl", out_dir / "head.jsonl"])
     seconds = time.monotonic() - started
-    how = f"{rounds} rounds" if args.interleave == "processes" else "interleaved iteration by iteration"
-    if args.json:
-        print(json.dumps({"base": revisions["base"], "head": revisions["head"], "preset": args.preset,
-                          "interleave": args.interleave, "threshold": threshold,
-                          "rounds": rounds if args.interleave == "processes" else None, "seconds": seconds,
+    how = f"{rounds} rounds" if options.interleave == "processes" else "interleaved iteration by iteration"
+    if options.json:
+        print(json.dumps({"base": revisions["base"], "head": revisions["head"], "preset": options.preset,
+                          "interleave": options.interleave, "threshold": threshold,
+                          "rounds": rounds if options.interleave == "processes" else None, "seconds": seconds,
                           "other_load": other, "rows": rows}, indent=1))
     else:
-        print(f"base {args.base_rev} ({revisions['base'][:10]}) -> head {args.head_rev} ({revisions['head'][:10]}), "
-              f"{args.preset} preset, {how} in {seconds:.0f} s, threshold {threshold:.0%}")
+        print(f"base {options.base_rev} ({revisions['base'][:10]}) -> head {options.head_rev} "
+              f"({revisions['head'][:10]}), "
+              f"{options.preset} preset, {how} in {seconds:.0f} s, threshold {threshold:.0%}")
         print(format_table(rows))
         if other:
             noisy = "; the machine was not quiet, so the intervals are wider" if other["max"] > QUIET else ""

@@ -30,6 +30,7 @@ import json
 import math
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.core.config import ConfigError, cap_text
@@ -247,6 +248,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                    "records' machine (results/runs/<machine>/drift.jsonl)")
 
 
+@dataclass(frozen=True)
+class CompareOptions:
+    """What `ddpbench compare` is asked: two sets of records and how to judge them (its flags, typed)."""
+
+    base: Path
+    new: Path
+    threshold: float = 0.05
+    confidence: float = 0.99
+    json: bool = False
+    drift: Path | None = None
+
+
 def check_verdict_options(threshold: float, confidence: float) -> None:
     """Raise ConfigError unless --threshold and --confidence are usable (compare, ab and history share them)."""
     if not 0 < threshold < 1:
@@ -255,18 +268,18 @@ def check_verdict_options(threshold: float, confidence: float) -> None:
         raise ConfigError(f"--confidence={confidence} is not allowed; it must be between 0.5 and 1")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(options: CompareOptions) -> int:
     """Run the comparison; 1 if anything is slower, 2 on bad input."""
     try:
-        check_verdict_options(args.threshold, args.confidence)
+        check_verdict_options(options.threshold, options.confidence)
         for name in ("base", "new"):
-            if not getattr(args, name).exists():
-                raise ConfigError(f"{name}: {str(getattr(args, name))!r} does not exist")
-        if args.drift is not None and not args.drift.is_file():
-            raise ConfigError(f"--drift={str(args.drift)!r} does not exist")
-        rows = compare(args.base, args.new, args.threshold, args.confidence, drift=args.drift)
+            if not getattr(options, name).exists():
+                raise ConfigError(f"{name}: {str(getattr(options, name))!r} does not exist")
+        if options.drift is not None and not options.drift.is_file():
+            raise ConfigError(f"--drift={str(options.drift)!r} does not exist")
+        rows = compare(options.base, options.new, options.threshold, options.confidence, drift=options.drift)
     except (ConfigError, RecordError) as error:  # (RecordError includes SchemaError)
         print(f"ddpbench compare: error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(rows, indent=1) if args.json else format_table(rows))
+    print(json.dumps(rows, indent=1) if options.json else format_table(rows))
     return 1 if any(row["verdict"] == "slower" for row in rows) else 0

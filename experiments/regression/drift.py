@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,32 +50,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one launch may take (default 600)")
 
 
-def launch_command(args: argparse.Namespace, out: Path) -> list[str]:
+@dataclass(frozen=True)
+class DriftOptions:
+    """What `ddpbench drift` launches again and again, and where its launches go (its flags, typed)."""
+
+    model: str = "resnet-tiny"
+    world_size: int = 2
+    iters: int = 30
+    warmup: int = 3
+    launches: int = 10
+    out: Path | None = None
+    timeout: float = 600.0
+
+
+def launch_command(options: DriftOptions, out: Path) -> list[str]:
     """One launch: `ddpbench run` of the config, in a process of its own."""
-    return [sys.executable, "-m", "experiments", "run", "--model", args.model, "--world-size", str(args.world_size),
-            "--iters", str(args.iters), "--warmup", str(args.warmup), "--out", str(out),
-            "--timeout", str(args.timeout)]
+    return [sys.executable, "-m", "experiments", "run", "--model", options.model,
+            "--world-size", str(options.world_size),
+            "--iters", str(options.iters), "--warmup", str(options.warmup), "--out", str(out),
+            "--timeout", str(options.timeout)]
 
 
-def check(args: argparse.Namespace) -> Path:
+def check(options: DriftOptions) -> Path:
     """The drift file to append to; ConfigError naming the first bad option (before anything runs)."""
     from experiments.args import check_output, check_timeout
     from experiments.measure.configs import resolve_grid
 
-    if args.launches < MIN_LAUNCHES:
-        raise ConfigError(f"--launches={args.launches} is not allowed; it must be >= {MIN_LAUNCHES}")
-    resolve_grid({"model": [args.model], "world_size": [args.world_size], "iters": [args.iters],
-                  "warmup": [args.warmup]})
-    check_timeout("timeout", args.timeout)
-    out = args.out or drift_file()
+    if options.launches < MIN_LAUNCHES:
+        raise ConfigError(f"--launches={options.launches} is not allowed; it must be >= {MIN_LAUNCHES}")
+    resolve_grid({"model": [options.model], "world_size": [options.world_size], "iters": [options.iters],
+                  "warmup": [options.warmup]})
+    check_timeout("timeout", options.timeout)
+    out = options.out or drift_file()
     check_output(out)
     return out
 
 
-def main(args: argparse.Namespace) -> int:
+def main(options: DriftOptions) -> int:
     """Launch the config `--launches` times, appending each launch's record; 2 on bad input, 1 if a launch fails."""
     try:
-        out = check(args)
+        out = check(options)
     except ConfigError as error:
         print(f"ddpbench drift: error: {error}", file=sys.stderr)
         return 2
@@ -82,9 +97,9 @@ def main(args: argparse.Namespace) -> int:
     session = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"
     medians = []
     with tempfile.TemporaryDirectory(prefix="ddpbench-drift-") as scratch:
-        for launch in range(args.launches):
+        for launch in range(options.launches):
             single = Path(scratch) / f"launch-{launch}.jsonl"
-            done = subprocess.run(launch_command(args, single), cwd=ROOT, capture_output=True, text=True,
+            done = subprocess.run(launch_command(options, single), cwd=ROOT, capture_output=True, text=True,
                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
             records = [r for r in read_records(single) if r.get("kind") == "run"] if single.exists() else []
             if done.returncode != 0 or len(records) != 1 or records[0].get("status") != "ok":
@@ -94,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
             record = {**records[0], "drift": {"session": session, "launch": launch}}
             append_record(out, record)
             medians.append(float(np.median(record["latency_s"])))
-            print(f"drift: launch {launch + 1}/{args.launches}: median {medians[-1] * 1e3:.2f} ms", flush=True)
+            print(f"drift: launch {launch + 1}/{options.launches}: median {medians[-1] * 1e3:.2f} ms", flush=True)
     this = pooled_drift({session: medians})
     total = stored_drift(out, this_machine()["id"])
     print(f"drift: this session's launches stray by {this['sd']:.1%} (sd of log medians, {this['launches']} "

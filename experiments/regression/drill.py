@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from experiments.core.config import ConfigError
@@ -60,11 +61,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo", type=Path, default=ROOT, help=argparse.SUPPRESS)
 
 
-def check(args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
-    """Presets, regressions and steps from the arguments; ConfigError naming the first bad one."""
+@dataclass(frozen=True)
+class DrillOptions:
+    """Which regressions `ddpbench drill` injects, which steps it runs on them, and where it keeps its state
+    (its flags, typed; out None: results/benchmarks/drill-<machine>.json)."""
+
+    base: str = "HEAD"
+    preset: str = "smoke"
+    regressions: str = ",".join(INJECTIONS)
+    steps: str = "truth,ab"
+    truth_rounds: int = 4
+    repeats: int = 10
+    same: int = 20
+    lock: str = LOCK
+    out: Path | None = None
+    repo: Path = ROOT
+
+
+def check(options: DrillOptions) -> tuple[list[str], list[str], list[str], Path]:
+    """Presets, regressions, steps and the summary file from the options; ConfigError naming the first bad one."""
     from experiments.args import check_output
 
-    presets, names, steps = (args.preset.split(","), args.regressions.split(","), args.steps.split(","))
+    presets, names, steps = (options.preset.split(","), options.regressions.split(","), options.steps.split(","))
     for preset in presets:
         if preset not in PRESETS:
             raise ConfigError(f"--preset={preset!r} is not allowed; choose from {', '.join(sorted(PRESETS))}")
@@ -72,21 +90,20 @@ def check(args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
     for step in steps:
         if step not in STEPS:
             raise ConfigError(f"--steps={step!r} is not allowed; choose from {', '.join(STEPS)}")
-    for flag, value, minimum in (("truth-rounds", args.truth_rounds, 3), ("repeats", args.repeats, 0),
-                                 ("same", args.same, 0)):
+    for flag, value, minimum in (("truth-rounds", options.truth_rounds, 3), ("repeats", options.repeats, 0),
+                                 ("same", options.same, 0)):
         if value < minimum:
             raise ConfigError(f"--{flag}={value} is not allowed; it must be >= {minimum}")
-    if args.out is None:
-        args.out = ROOT / "results" / "benchmarks" / f"drill-{machine_name()}.json"
-    check_output(args.out)
+    out = options.out or ROOT / "results" / "benchmarks" / f"drill-{machine_name()}.json"
+    check_output(out)
     if any(PRESETS[p]["grid"].get("link", ["none"]) != ["none"] for p in presets):
         from experiments.emulate import network
 
         problems = network.check()
         if problems:
-            raise ConfigError(f"--preset={args.preset}: the link preset needs an emulated network, which this "
+            raise ConfigError(f"--preset={options.preset}: the link preset needs an emulated network, which this "
                               f"machine cannot make: {'; '.join(problems)}")
-    return presets, names, steps
+    return presets, names, steps, out
 
 
 def run_ab(repo: Path, base: str, head: str, preset: str, lock: str) -> dict:
@@ -125,39 +142,40 @@ def schedule(names: list[str], repeats: int, same: int, done: dict[str, int]) ->
     return todo
 
 
-def main(args: argparse.Namespace) -> int:
+def main(options: DrillOptions) -> int:
     """Run the chosen steps for every preset; 2 on bad input."""
     try:
-        presets, names, steps = check(args)
-        base = resolve_commit(args.base, args.repo, "--base")
-        commits = commit_injections(args.repo, base, names)
+        presets, names, steps, out = check(options)
+        base = resolve_commit(options.base, options.repo, "--base")
+        commits = commit_injections(options.repo, base, names)
     except ConfigError as error:
         print(f"ddpbench drill: error: {error}", file=sys.stderr)
         return 2
-    state = json.loads(args.out.read_text()) if args.out.exists() else {}
+    options = replace(options, out=out)  # the summary file named, for the steps and the messages below
+    state = json.loads(options.out.read_text()) if options.out.exists() else {}
     if state.get("base") != base:
         state = {"base": base, "presets": {}}
     state["commits"] = commits
     state["injections"] = {n: INJECTIONS[n][0] for n in INJECTIONS}
     try:
-        run_steps(args, state, presets, names, steps, base, commits)
+        run_steps(options, state, presets, names, steps, base, commits)
     except KeyboardInterrupt:
-        print(f"\nddpbench drill: interrupted; finished rounds and A/Bs are kept ({args.out}); run the same "
+        print(f"\nddpbench drill: interrupted; finished rounds and A/Bs are kept ({options.out}); run the same "
               "command again to go on", file=sys.stderr)
         return 130
     except RuntimeError as error:  # a revision that cannot run the preset, or a truth folder of another design
         # (truth.py turns every failure of a round into a RuntimeError; ab's failures are A/B results)
         print(f"ddpbench drill: error: {error}", file=sys.stderr)
         return 1
-    print(f"drill: summary in {args.out} and {args.out.with_suffix('.md')}")
+    print(f"drill: summary in {options.out} and {options.out.with_suffix('.md')}")
     return 0
 
 
-def run_steps(args: argparse.Namespace, state: dict, presets: list[str], names: list[str], steps: list[str],
+def run_steps(options: DrillOptions, state: dict, presets: list[str], names: list[str], steps: list[str],
               base: str, commits: dict[str, str]) -> None:
     """The chosen steps for every preset, saving the state after each step and A/B."""
-    raw = args.out.with_suffix("")
-    save = lambda: report.write(state, args.out)  # noqa: E731 - after every step and A/B
+    raw = options.out.with_suffix("")
+    save = lambda: report.write(state, options.out)  # noqa: E731 - after every step and A/B
     for preset in presets:
         mine = state["presets"].setdefault(preset, {"truth": {}, "noise": {}, "abs": []})
         # the commits this preset's results were measured at (an injection's hash changes with its text)
@@ -165,20 +183,21 @@ def run_steps(args: argparse.Namespace, state: dict, presets: list[str], names: 
         if "truth" in steps:
             folder = raw / preset / "truth"
             entries = {"base": base, "null": base, **commits}
-            in_processes(args.repo, entries, preset, args.truth_rounds, folder, args.lock)
+            in_processes(options.repo, entries, preset, options.truth_rounds, folder, options.lock)
             mine["truth"] = true_sizes(folder, {"same": ("null", "base"), **{n: (n, "base") for n in names}})
             save()
         if "noise" in steps:
-            mine["noise"] = noise(args.repo, base, preset, args.truth_rounds, raw / preset / "noise", args.lock)
+            mine["noise"] = noise(options.repo, base, preset, options.truth_rounds, raw / preset / "noise",
+                                  options.lock)
             save()
         if "ab" in steps:
             done: dict[str, int] = {}
             for result in mine["abs"]:
                 done[result["kind"]] = done.get(result["kind"], 0) + 1
-            todo = schedule(names, args.repeats, args.same, done)
+            todo = schedule(names, options.repeats, options.same, done)
             for n, kind in enumerate(todo, start=1):
-                result = {"kind": kind, **run_ab(args.repo, base, base if kind == "same" else commits[kind], preset,
-                                                 args.lock)}
+                result = {"kind": kind, **run_ab(options.repo, base, base if kind == "same" else commits[kind], preset,
+                                                 options.lock)}
                 mine["abs"].append(result)
                 save()
                 rows = ", ".join(f"{r['config']} {r['ratio']:.3f} {r['verdict']}" for r in result.get("rows", []))

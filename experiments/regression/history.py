@@ -26,6 +26,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", type=Path, metavar="DIR",
                         help="also write a static, self-contained page here (index.html, records/), as asv publish")
     parser.add_argument("--repo", type=Path, default=ROOT, help=argparse.SUPPRESS)
+
+
+@dataclass(frozen=True)
+class HistoryOptions:
+    """Which commits `ddpbench history` measures, how, and where it writes (its flags, typed)."""
+
+    revisions: list[str]
+    preset: str = "smoke"
+    rounds: int | None = None
+    threshold: float = 0.05
+    confidence: float = 0.99
+    results: Path = ROOT / "results"
+    busy_retries: int = QUIET_RETRIES
+    html: Path | None = None
+    repo: Path = ROOT
 
 
 def resolve(revisions: list[str], repo: Path) -> list[str]:
@@ -207,40 +223,40 @@ def rows_by_commit(rows: list[dict], commits: list[str]) -> list[dict | None]:
     return [next((r for r in rows if r["commit"] == c[:10]), None) for c in commits]
 
 
-def main(args: argparse.Namespace) -> int:
+def main(options: HistoryOptions) -> int:
     """Measure what is missing, then write the table and the figure; 2 on bad input."""
     from experiments.args import check_folder  # cli imports this module
 
-    rounds = args.rounds if args.rounds is not None else PRESETS[args.preset]["rounds"]
+    rounds = options.rounds if options.rounds is not None else PRESETS[options.preset]["rounds"]
     try:
         if rounds < 1:
             raise ConfigError(f"--rounds={rounds} is not allowed; it must be >= 1")
-        check_verdict_options(args.threshold, args.confidence)
-        if args.busy_retries < 0:
-            raise ConfigError(f"--busy-retries={args.busy_retries} is not allowed; it must be >= 0")
-        commits = resolve(args.revisions, args.repo)
-        check_folder(args.results, "results")  # records, table and figure go under it
-        if args.html is not None:
-            check_folder(args.html, "html")
+        check_verdict_options(options.threshold, options.confidence)
+        if options.busy_retries < 0:
+            raise ConfigError(f"--busy-retries={options.busy_retries} is not allowed; it must be >= 0")
+        commits = resolve(options.revisions, options.repo)
+        check_folder(options.results, "results")  # records, table and figure go under it
+        if options.html is not None:
+            check_folder(options.html, "html")
     except ConfigError as error:
         print(f"ddpbench history: error: {error}", file=sys.stderr)
         return 2
     machine = machine_name()
-    folder = args.results / "history" / machine / args.preset
+    folder = options.results / "history" / machine / options.preset
     try:
-        measure(commits, folder, args.preset, rounds, args.repo, args.busy_retries)
+        measure(commits, folder, options.preset, rounds, options.repo, options.busy_retries)
     except RecordWriteError as error:  # a full disk: the earlier records of every commit are as they were
         print(f"ddpbench history: error: {error}", file=sys.stderr)
         return 1
-    rows = table_rows(commits, folder, args.repo, args.preset, args.threshold, args.confidence)
-    suffix = "" if args.preset == "smoke" else f"-{args.preset}"
-    table = args.results / "tables" / f"history-{machine}{suffix}.csv"
-    figure = args.results / "figures" / f"history-{machine}{suffix}.png"
+    rows = table_rows(commits, folder, options.repo, options.preset, options.threshold, options.confidence)
+    suffix = "" if options.preset == "smoke" else f"-{options.preset}"
+    table = options.results / "tables" / f"history-{machine}{suffix}.csv"
+    figure = options.results / "figures" / f"history-{machine}{suffix}.png"
     import pandas as pd
 
     table.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(table, index=False, float_format="%.4g")
-    plot(rows, commits, figure, f"ddpbench history, {args.preset} preset, {machine}")
+    plot(rows, commits, figure, f"ddpbench history, {options.preset} preset, {machine}")
     for row in rows:
         if row["status"] != "ok":
             print(f"  {row['commit']} {'failed':>30}  {row['subject']}: {row['error']}")
@@ -250,8 +266,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"{mark} {row['commit']} {row['p50_ms']:8.2f}ms {change:>22}  {row['config'].split()[0]:12} "
               f"{row['subject']}")
     print(f"records in {folder}; table {table}; figure {figure}")
-    if args.html is not None:
+    if options.html is not None:
         from experiments.regression import page
 
-        print(f"page {page.write(rows, commits, folder, args.html, f'ddpbench history, {args.preset} preset, {machine}')}")
+        title = f"ddpbench history, {options.preset} preset, {machine}"
+        print(f"page {page.write(rows, commits, folder, options.html, title)}")
     return 0
