@@ -1,9 +1,14 @@
 """ddp_core: a compact DistributedDataParallel on torch.distributed, read next to Li et al., VLDB 2020.
 
+- `distributed`: the module wrapper;                - `arguments`: PyTorch's signature checked and resolved;
+- `reducer`: the coordinator of gradient synchronisation, made of one part per mechanism:
+  `bucket_layout` (flat buffers), `ready_hooks` (a ready gradient into its bucket), `launch_order`
+  (bucket i after bucket i-1), `write_back` (wait, .grad, used-parameter bitmap), `rebuild` (arrival
+  order), `static_graph`;
 - `bucketing`: which gradients share a bucket;       - `grad_bucket`: one flat bucket (PyTorch's GradBucket API);
-- `reducer`: ready hooks, in-order launch, overlap;  - `distributed`: the module wrapper;
 - `hooks`: communication hooks (all-reduce, compression); - `process_groups`: backends, round-robin groups;
-- `arguments`: PyTorch's signature checked and resolved;  - `timing`: what the reducer tells (logging data).
+- `observer`: what the reducer tells during backward; - `timing`: its per-iteration figures (logging data);
+- `auto_bucket`: bucket_cap_mb="auto";               - `schedule`: the bucket schedule's replay.
 """
 from .bucketing import assign_buckets
 from .distributed import DistributedDataParallel

@@ -65,3 +65,12 @@ class GradBucket:
         self.pending = len(self._params)
         self.future = None
         self._buffer = self.flat
+
+
+def empty_sparse_like(param: torch.Tensor) -> torch.Tensor:
+    """A sparse gradient with no entries, shaped like `param`'s (what a rank that did not use it sends)."""
+    return torch.sparse_coo_tensor(
+        torch.empty(1, 0, dtype=torch.int64, device=param.device),
+        torch.empty((0, *param.shape[1:]), dtype=param.dtype, device=param.device),
+        param.shape,
+    )

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from ddp_core import DistributedDataParallel, auto_bucket, reducer as reducer_module
+from ddp_core import DistributedDataParallel, auto_bucket, bucket_layout
 from ddp_core.auto_bucket import AllReduceCost, choose_cap, choose_model, predict
 from ddp_core.bucketing import MB, TensorSpec
 from experiments.measure.launch import RankPool
@@ -157,15 +157,15 @@ def train_auto_and_torch(rank, world_size, bucket_view):
     calls = _counted_rebucket(ddp)
     live, peaks = weakref.WeakSet(), []  # the reducer's flat buffers alive, and their bytes at each creation
 
-    class Tracked(reducer_module.GradBucket):
+    class Tracked(bucket_layout.GradBucket):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             if self.flat is not None:
                 live.add(self.flat)
             peaks.append(sum(f.numel() * f.element_size() for f in live))
 
-    original = reducer_module.GradBucket
-    reducer_module.GradBucket = Tracked  # (this rank's process only)
+    original = bucket_layout.GradBucket
+    bucket_layout.GradBucket = Tracked  # (this rank's process only)
     opt_ours, opt_theirs = make_optimizer("sgd", ddp.parameters()), make_optimizer("sgd", ref.parameters())
     equal, layouts, largest_before = [], [], 0
     try:
@@ -182,7 +182,7 @@ def train_auto_and_torch(rank, world_size, bucket_view):
             opt_ours.step()
             opt_theirs.step()
     finally:
-        reducer_module.GradBucket = original
+        bucket_layout.GradBucket = original
     data = ddp.get_ddp_logging_data()
     total = sum(p.numel() * p.element_size() for p in ours.parameters())
     return {"equal": equal, "layouts": layouts, "calls": calls, "auto": {k: v for k, v in data.items() if "auto" in k},

@@ -1,7 +1,9 @@
 """The layout's rules, checked from the source: every import arrow inside `experiments/` points one way
 (cli -> uses -> emulate -> core), nothing imports the CLI, and there is no import circle - lazy imports
-inside functions included, since a circle hidden by one is still a circle; results/ holds no program."""
+inside functions included, since a circle hidden by one is still a circle; results/ holds no program;
+and docs/architecture.md names every ddp_core module, and only modules that exist."""
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,3 +115,41 @@ def test_no_program_is_filed_among_the_results():
     programs = [str(p.relative_to(ROOT)) for p in (ROOT / "results").rglob("*")
                 if p.is_file() and (p.suffix in (".py", ".sh") or p.stat().st_mode & 0o111)]
     assert not programs, f"programs under results/: {programs}"
+
+
+DDP_CORE_MODULES = {p.name for p in (ROOT / "ddp_core").glob("*.py") if p.name != "__init__.py"}
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
+
+
+def _section(page: str, title: str) -> str:
+    """The text of the `## title` section of `page`, up to the next `## ` heading."""
+    start = page.index(f"\n## {title}\n")
+    end = page.find("\n## ", start + 1)
+    return page[start:end if end != -1 else len(page)]
+
+
+def test_the_architecture_page_lists_every_ddp_core_module_and_no_other():
+    """The layout's ddp_core block names one module per line, indented under `ddp_core/`: exactly the
+    files there (a module added, moved or removed without the page fails here)."""
+    lines = _section(ARCHITECTURE, "Layout").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("ddp_core/"))
+    block = []
+    for line in lines[start + 1:]:
+        if not line.startswith(" "):  # the next top-level entry (experiments/)
+            break
+        block.append(line)
+    named = [m.group(1) for line in block if (m := re.match(r"\s+(\w+\.py)\b", line))]
+    assert len(named) == len(set(named)), f"named twice in the layout: {sorted(n for n in named if named.count(n) > 1)}"
+    assert set(named) - DDP_CORE_MODULES == set(), "the layout names ddp_core modules that do not exist"
+    assert DDP_CORE_MODULES - set(named) == set(), "ddp_core modules missing from docs/architecture.md's layout"
+
+
+def test_the_pages_name_only_ddp_core_files_that_exist():
+    """Every `ddp_core/<file>.py` in the docs and README, and every file the architecture page's
+    "Inside ddp_core" section names, exists (a mechanism's file must be where the page says)."""
+    pages = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+    wrong = [f"{page.relative_to(ROOT)}: ddp_core/{name}" for page in pages
+             for name in re.findall(r"ddp_core/(\w+\.py)", page.read_text()) if name not in DDP_CORE_MODULES]
+    inside = set(re.findall(r"\b(\w+\.py)\b", _section(ARCHITECTURE, "Inside ddp_core")))
+    wrong += [f"docs/architecture.md, Inside ddp_core: {name}" for name in sorted(inside - DDP_CORE_MODULES)]
+    assert not wrong, "files named in the pages that ddp_core does not have:\n" + "\n".join(wrong)

@@ -19,6 +19,8 @@ from experiments.core.git import add_worktree, git, prune_worktrees, remove_work
 from experiments.emulate import network
 
 REDUCER, DISTRIBUTED = "ddp_core/reducer.py", "ddp_core/distributed.py"
+# The reducer's ready hooks and in-order launch, in this layout and in the one before it (all in reducer.py).
+READY_HOOKS, LAUNCH_ORDER = ("ddp_core/ready_hooks.py", REDUCER), ("ddp_core/launch_order.py", REDUCER)
 # The launcher's file, in this layout and in the one before it (a drill's base commit may be older).
 LAUNCHER = ("experiments/measure/launch.py", "experiments/launch.py")
 # The end of the reducer's end-of-backward callback: every all-reduce has completed and been written back.
@@ -55,10 +57,10 @@ INJECTIONS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
     "barrier": ("adds a barrier per iteration after backward (an extra sync point)",
                 [(REDUCER, WAIT_START, "        dist.barrier(group=self.groups[0])  # drill\n" + WAIT_START)]),
     "grad-copy": ("copies every gradient once more on its way into the bucket",
-                  [(REDUCER, COPY_AT, "        if grad is not None:\n            grad = grad.clone()  # drill\n"
+                  [(READY_HOOKS, COPY_AT, "        if grad is not None:\n            grad = grad.clone()  # drill\n"
                     + COPY_AT)]),
     "hook-then": ("unwraps every bucket's all-reduce through a Python callback on Gloo's thread",
-                  [(REDUCER, LAUNCH, LAUNCH + ".then(lambda fut: fut.value()[0])")]),
+                  [(LAUNCH_ORDER, LAUNCH, LAUNCH + ".then(lambda fut: fut.value()[0])")]),
 }
 # Changes to the instrument, not regressions: tried against the noise of same-against-same ratios.
 VARIANTS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
