@@ -36,6 +36,6 @@ def auto_bucket_choice(profile: Profile, comm: CommModel, ranks: int) -> "Decisi
     measured = (auto_bucket.DEFAULT_CAP_MB, auto_bucket.DEFAULT_FIRST_CAP_MB)
     pairs = auto_bucket.candidate_caps(specs, order, auto_bucket.DEFAULT_FIRST_CAP_MB, measured)
     rest = profile.forward + profile.optimizer + profile.tail
-    start = auto_bucket.choose_cap(specs, order, ready, backward, cost, rest, model, candidates=pairs[:1])
-    margin = auto_bucket.MIN_GAIN * start.candidates[0].predicted
+    exposed, _ = auto_bucket.predict(specs, order, ready, backward, cost, *measured, model)
+    margin = auto_bucket.MIN_GAIN * (rest + backward + exposed)  # of the measured layout's predicted iteration
     return auto_bucket.choose_cap(specs, order, ready, backward, cost, rest, model, candidates=pairs, margin=margin)
