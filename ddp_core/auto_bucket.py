@@ -6,29 +6,37 @@ count), all within `BUDGET` (30) of them:
    measured: the first runs on guessed buckets and rebuilds them in arrival order, as usual;
 2. iterations 3-7 (`MEASURED`) are timed from the reducer's own hooks: when each gradient is in its
    bucket, when backward compute ends, when synchronisation ends, and the rest of the iteration;
-3. at the forward of iteration 8, every rank times a few blocking all-reduces of bucket-sized slices of
-   one scratch buffer (the largest bucket's size: the one extra copy this costs) and fits
-   `seconds = latency + bytes * per_byte`; the ranks combine their figures with an all-reduce (MAX:
-   the slowest rank gates every bucket), rank 0 decides, and broadcasts the choice, so ranks never
-   disagree; every rank then re-buckets once, in the same gradient order, and tuning is over.
+3. at the forward of iteration 8 (`DECIDE_AT`), every rank times a few blocking all-reduces of
+   bucket-sized slices of one scratch buffer (the largest bucket's size: the one extra copy this costs)
+   and fits `seconds = latency + bytes * per_byte`; the ranks combine their figures with an all-reduce
+   (MAX: the slowest rank gates every bucket) and rank 0 replays every candidate (cap, first bucket cap)
+   on paper with ddp_core's own schedule (`schedule.replay`, the one the suite's performance model
+   uses) and broadcasts a shortlist: the measured layout and the model's `SHORTLIST - 1` best others;
+4. iterations 8-25 (`SEARCH_ITERATIONS`) try the shortlist in two rounds, the second in reverse order
+   (so a drift in the machine's speed favours no one): each visit re-buckets, lets one iteration
+   settle on the new buckets and times the next two, forward to forward (all the user's loop does);
+5. at the forward of iteration 26 the ranks all-reduce their median per layout (MAX) and every rank takes
+   the fastest from the same figures, so ranks never disagree; the measured layout stays unless another
+   was measured `MIN_MEASURED_GAIN` (2%) faster. Tuning is then over: no more stamps on the hot path.
 
-The decision is a model, not a measured search: each candidate (cap, first bucket cap) is replayed on
-paper with ddp_core's own schedule (`schedule.replay`, the one the suite's performance model uses) on
-the measured ready times and the fitted all-reduce cost, and the candidate with the lowest predicted
-iteration wins. A measured search would need one re-bucketing and several noisy iterations per
-candidate (tens of candidates: more than the budget), and iterations at bad caps cost the user; the
-model needs the probe's few milliseconds. Two schedule models are considered: communication beside
-compute (GPUs, or spare CPU cores: buckets overlap backward) and communication on the compute cores
-(nothing overlaps: each call adds its time); the one whose prediction for the measured layout is closer
-to the measured iteration is used, and the logging data say which. Gradients are exactly those of a
-fixed cap: only which gradients share a bucket changes.
+Why a model and then a measured search, not either alone: the model ranks tens of candidates from
+milliseconds of probing, but its error (a fitted cost, one of two schedule models, medians of five
+iterations) is often larger than the gains it predicts - measured: 11-69 ms of error against 0.3-38 ms
+of gain for ResNet50 and BERT on two CPU ranks (docs/ddp_core.md). A measured search over all
+candidates would need one re-bucketing and several noisy iterations each (more than the budget), and
+iterations at bad caps cost the user. So the model proposes few and the clock decides among them. Two
+schedule models are considered: communication beside compute (GPUs, or spare CPU cores: buckets overlap
+backward) and communication on the compute cores (nothing overlaps: each call adds its time); the one
+whose prediction for the measured layout is closer to the measured iteration ranks the candidates, and
+the other model's best is shortlisted too. Gradients are exactly those of a fixed cap: only which
+gradients share a bucket changes.
 """
 from __future__ import annotations
 
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -47,6 +55,15 @@ DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB = 25.0, 1.0  # PyTorch's; the cap used whil
 # than the model's own error on the measured layout): medians of MEASURED iterations and a fitted cost
 # are not exact, and a switch on noise would trade the known layout for an unknown one.
 MIN_GAIN = 0.03
+SHORTLIST = 3  # layouts the measured search tries: the measured one and the model's two best others
+SEARCH_ROUNDS = 2  # the second in reverse order
+VISIT = 3  # iterations per visit to a layout: one settles on the new buckets, two are timed
+SEARCH_ITERATIONS = SHORTLIST * SEARCH_ROUNDS * VISIT
+assert DECIDE_AT + SEARCH_ITERATIONS <= BUDGET
+# A layout must be measured this much faster than the measured one to replace it: medians of four
+# iterations per layout are not exact either, and a switch on noise could only lose.
+MIN_MEASURED_GAIN = 0.02
+TUNING_STATES = ("measuring", "searching")  # the states before the cap is chosen
 _STANDARD_CAPS_MB = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 200, 400)
 _MODELS = ("overlapped", "serial")
 
@@ -86,8 +103,19 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Trial:
+    """One shortlisted layout as the search measured it: the slowest rank's median seconds per iteration."""
+
+    cap_mb: float
+    first_cap_mb: float
+    seconds: float
+    iterations: int  # timed iterations behind the median
+
+
+@dataclass(frozen=True)
 class Decision:
-    """The chosen caps, the schedule model used, and every candidate's prediction (why)."""
+    """The chosen caps, the schedule model used, every candidate's prediction and, after the measured
+    search, every shortlisted layout's measured iteration (why)."""
 
     cap_mb: float
     first_cap_mb: float
@@ -95,10 +123,20 @@ class Decision:
     candidates: tuple[Candidate, ...]
     margin: float = 0.0  # seconds a candidate had to save against the measured layout (candidates[0])
     kept: bool = False  # no candidate saved more: the measured layout stays
+    trials: tuple[Trial, ...] = ()  # the measured search, the measured layout first; () for the model alone
 
     def reason(self) -> str:
         """Why these caps, in one sentence, against the measured layout (the first candidate)."""
         measured = self.candidates[0]
+        if self.trials:
+            base = self.trials[0]
+            fastest = min(self.trials, key=lambda t: t.seconds)
+            versus = (f"{fastest.cap_mb:g}/{fastest.first_cap_mb:g} MB measured {fastest.seconds * 1e3:.3f} ms per "
+                      f"iteration against {base.seconds * 1e3:.3f} ms for {base.cap_mb:g}/{base.first_cap_mb:g} MB")
+            if self.kept:
+                return (f"kept {base.cap_mb:g}/{base.first_cap_mb:g} MB: among the {len(self.trials)} layouts tried, "
+                        f"{versus}, not {MIN_MEASURED_GAIN:.0%} faster")
+            return f"measured fastest of the {len(self.trials)} layouts tried: {versus}"
         best = min(self.candidates, key=lambda c: c.predicted)
         gain = (measured.predicted - best.predicted) * 1e3
         if self.kept:
@@ -111,6 +149,11 @@ class Decision:
         """`cap/first MB: predicted ms (buckets)` per candidate, in candidate order."""
         return "; ".join(f"{c.cap_mb:g}/{c.first_cap_mb:g} MB: {c.predicted * 1e3:.3f} ms ({c.buckets} buckets)"
                          for c in self.candidates)
+
+    def describe_trials(self) -> str:
+        """`cap/first MB: measured ms (n iterations)` per layout the search tried, in shortlist order."""
+        return "; ".join(f"{t.cap_mb:g}/{t.first_cap_mb:g} MB: {t.seconds * 1e3:.3f} ms ({t.iterations} iterations)"
+                         for t in self.trials)
 
 
 def candidate_caps(specs: Sequence[TensorSpec], order: Sequence[int], first_cap_mb: float = DEFAULT_FIRST_CAP_MB,
@@ -149,6 +192,30 @@ def predict(specs: Sequence[TensorSpec], order: Sequence[int], ready: Sequence[f
         return sum(cost.seconds(b["bytes"]) for b in buckets), len(buckets)
     done = replay(buckets, cost.seconds, cost.latency, channels)
     return max(0.0, done - backward), len(buckets)
+
+
+def shortlist(decision: Decision, other: Decision, size: int = SHORTLIST) -> list[int]:
+    """Indices into `decision.candidates` for the measured search: the measured layout (0), the best other
+    candidate of the model that ranks (`decision`), the best of the other model (`other`, over the same
+    candidates), then the ranking model's next best, until `size` (fewer if there are fewer layouts)."""
+    def ranked(d: Decision) -> list[int]:
+        return sorted(range(len(d.candidates)), key=lambda k: (d.candidates[k].predicted, -d.candidates[k].cap_mb))
+
+    own, theirs = [k for k in ranked(decision) if k != 0], [k for k in ranked(other) if k != 0]
+    picks = [0]
+    for k in own[:1] + theirs[:1] + own:
+        if len(picks) == size:
+            break
+        if k not in picks:
+            picks.append(k)
+    return picks
+
+
+def fastest_trial(seconds: Sequence[float], min_gain: float = MIN_MEASURED_GAIN) -> int:
+    """The measured search's verdict: the index of the fastest layout (`seconds[0]` is the measured one,
+    which stays unless another is more than `min_gain` faster; equal times go to the earlier layout)."""
+    fastest = min(range(len(seconds)), key=lambda k: (seconds[k], k))
+    return fastest if seconds[fastest] < seconds[0] * (1 - min_gain) else 0
 
 
 def choose_model(specs, order, ready, backward, cost, measured_exposed: float, cap_mb: float, first_cap_mb: float,
@@ -207,7 +274,8 @@ class _Clock:
 
 
 class AutoBucket:
-    """The tuner of one reducer: a reducer observer while measuring, then one decision and one re-bucketing.
+    """The tuner of one reducer: a reducer observer while measuring, the model's shortlist, a measured
+    search among it, then the chosen layout.
 
     Entry point: `before_forward()`, called by DistributedDataParallel at each synchronised forward."""
 
@@ -216,31 +284,45 @@ class AutoBucket:
         self.clock = _Clock(reducer.params[0].device)
         self.first_cap_mb = reducer.first_bucket_cap_mb  # the user's: one of the first caps considered
         self.iterations = 0  # finished synchronised iterations
-        self.state = "measuring"  # then "chosen", or "stopped: <why>"
-        self.decision: Decision | None = None
-        self.decided_after: int | None = None  # synchronised iterations before the switch
-        self.tuning_seconds = 0.0  # this rank's time in the decision (probe, collectives, re-bucketing)
+        self.state = "measuring"  # then "searching", "chosen", or "stopped: <why>"
+        self.decision: Decision | None = None  # the model's while searching, the final one once chosen
+        self.decided_after: int | None = None  # synchronised iterations before the final layout
+        self.tuning_seconds = 0.0  # this rank's time in the decisions (probe, collectives, re-bucketings)
         self._samples: list[dict] = []  # per measured iteration: ready, backward, exposed, rest
         self._stamps: dict = {}
         self._previous_synced = None
+        # the measured search: the shortlisted (cap, first cap) pairs, the iterations still to run as
+        # (shortlist slot, timed?), and per slot the (start, end) stamps of its timed iterations
+        self._shortlist: list[tuple[float, float]] = []
+        self._schedule: list[tuple[int, bool]] = []
+        self._position = 0
+        self._timed: list[list[tuple]] = []
+        self._running: tuple[int, bool, object] | None = None  # the iteration under way: slot, timed, start
         reducer.tuner = self
 
     # --- the entry point ---
 
     def before_forward(self) -> None:
-        """At a synchronised forward: stamp it while measuring; at iteration DECIDE_AT, choose and re-bucket."""
-        if self.state != "measuring":
-            return
-        if self.iterations + 1 >= DECIDE_AT and len(self._samples) >= MEASURED:
-            start = time.perf_counter()
-            self._decide_and_switch()
-            self.tuning_seconds = time.perf_counter() - start
-            return
-        self._stamps = {"forward": self.clock.stamp(), "ready": {}}
+        """At a synchronised forward: stamp it while measuring; at iteration DECIDE_AT, shortlist and start
+        the measured search; during the search, time iterations and move between layouts; at its end,
+        choose and re-bucket."""
+        if self.state == "measuring":
+            if self.iterations + 1 >= DECIDE_AT and len(self._samples) >= MEASURED:
+                start = time.perf_counter()
+                self._shortlist_by_model()
+                self.tuning_seconds += time.perf_counter() - start
+            else:
+                self._stamps = {"forward": self.clock.stamp(), "ready": {}}
+                return
+        if self.state == "searching":
+            self._search_step()
 
     def stop(self, why: str) -> None:
-        """Give up tuning (the caps stay as they are): e.g. under join(), where ranks' iterations differ."""
-        if self.state == "measuring":
+        """Give up tuning: e.g. under join(), where ranks' iterations differ. A search under way returns to
+        the measured layout (a local re-bucketing: every rank stops at the same forward)."""
+        if self.state in TUNING_STATES:
+            if self.state == "searching":
+                self._use(self._shortlist[0])
             self.state = f"stopped: {why}"
             self.reducer.tuner = None
 
@@ -318,7 +400,9 @@ class AutoBucket:
         del scratch
         return sizes, seconds
 
-    def _decide_and_switch(self) -> None:
+    def _shortlist_by_model(self) -> None:
+        """Probe, combine every rank's figures, let rank 0's model rank the candidates and broadcast its
+        shortlist; then the measured search begins (or, with one layout only, the choice is made)."""
         r = self.reducer
         group = r.groups[0]
         mine = self.local_figures()
@@ -333,7 +417,8 @@ class AutoBucket:
         specs, order = self._specs(), list(r.order)
         measured = (r.bucket_cap_mb, r.first_bucket_cap_mb)
         pairs = candidate_caps(specs, order, self.first_cap_mb, measured)
-        choice = torch.zeros(3 + len(pairs), dtype=torch.float64)  # [candidate, model, margin, predictions...]
+        # [model's best, model, margin, shortlist (-1: none)..., predictions...]
+        choice = torch.full((3 + SHORTLIST + len(pairs),), -1.0, dtype=torch.float64)
         if dist.get_rank(group) == 0:
             cost = AllReduceCost.fit(mine["sizes"], seconds)
             channels = len(r.groups)
@@ -341,38 +426,106 @@ class AutoBucket:
             # the model's error on the layout it measured: a predicted gain below it is not believed
             error = abs(predict(specs, order, ready, backward, cost, *measured, model, channels, r.overlap)[0] - exposed)
             margin = max(MIN_GAIN * (rest + backward + exposed), error)
-            decision = choose_cap(specs, order, ready, backward, cost, rest, model, channels, r.overlap,
-                                  candidates=pairs, margin=margin)
+            decide = dict(candidates=pairs, margin=margin)
+            decision = choose_cap(specs, order, ready, backward, cost, rest, model, channels, r.overlap, **decide)
+            other = choose_cap(specs, order, ready, backward, cost, rest, _MODELS[1 - _MODELS.index(model)],
+                               channels, r.overlap, **decide)
             best = next(k for k, c in enumerate(decision.candidates)
                         if (c.cap_mb, c.first_cap_mb) == (decision.cap_mb, decision.first_cap_mb))
+            picks = shortlist(decision, other)
             choice[0], choice[1], choice[2] = best, _MODELS.index(model), margin
-            choice[3:] = torch.tensor([c.predicted for c in decision.candidates], dtype=torch.float64)
+            choice[3:3 + len(picks)] = torch.tensor(picks, dtype=torch.float64)
+            choice[3 + SHORTLIST:] = torch.tensor([c.predicted for c in decision.candidates], dtype=torch.float64)
         on_device = choice.to(r.params[0].device)
-        # Rank 0's decision is everyone's: ranks never disagree about the buckets.
+        # Rank 0's ranking is everyone's: ranks never disagree about the layouts they try.
         dist.broadcast(on_device, src=dist.get_global_rank(group, 0), group=group)
         choice = on_device.cpu().tolist()
         best, model, margin = int(choice[0]), _MODELS[int(choice[1])], choice[2]
+        picks = [int(k) for k in choice[3:3 + SHORTLIST] if k >= 0]
         counts = [len(assign_buckets(specs, order, cap, first)) for cap, first in pairs]
         candidates = tuple(Candidate(cap, first, count, max(0.0, predicted - rest - backward), predicted)
-                           for (cap, first), count, predicted in zip(pairs, counts, choice[3:]))
+                           for (cap, first), count, predicted in zip(pairs, counts, choice[3 + SHORTLIST:]))
         self.decision = Decision(pairs[best][0], pairs[best][1], model, candidates, margin, kept=best == 0)
-        self.decided_after = self.iterations
-        if not self.decision.kept:  # (kept: the buckets are already those)
-            r.rebucket(self.decision.cap_mb, self.decision.first_cap_mb)
-        self.state = "chosen"
-        r.tuner = None  # measuring is over: no more stamps on the hot path
+        r.tuner = None  # the hooks' measuring is over: no more stamps on the hot path
         self._samples = []
+        self._shortlist = [pairs[k] for k in picks]
+        if len(self._shortlist) == 1:  # one layout only: nothing to try
+            self._finish([])
+            return
+        slots = list(range(len(self._shortlist)))
+        rounds = [slots if k % 2 == 0 else slots[::-1] for k in range(SEARCH_ROUNDS)]
+        self._schedule = [(slot, step > 0) for order_ in rounds for slot in order_ for step in range(VISIT)]
+        self._timed = [[] for _ in self._shortlist]
+        self.state = "searching"
+
+    def _search_step(self) -> None:
+        """At a synchronised forward during the search: close the iteration that just ended, then start the
+        next on its layout, or decide once the schedule is done.
+
+        An iteration is timed forward to forward: all the user's loop does, optimizer step included (and any
+        no_sync() iterations between two synchronised ones, which bucket layouts do not change)."""
+        now = self.clock.stamp()
+        if self._running is not None:
+            slot, timed, start = self._running
+            if timed:
+                self._timed[slot].append((start, now))
+        if self._position == len(self._schedule):
+            start = time.perf_counter()
+            self._finish(self.search_figures())
+            self.tuning_seconds += time.perf_counter() - start
+            return
+        slot, timed = self._schedule[self._position]
+        self._position += 1
+        if not timed:  # a visit begins on another layout
+            start = time.perf_counter()
+            self._use(self._shortlist[slot])
+            self.tuning_seconds += time.perf_counter() - start
+        self._running = (slot, timed, self.clock.stamp())
+
+    def search_figures(self) -> list[float]:
+        """This rank's median seconds per timed iteration, per shortlisted layout."""
+        self.clock.sync()
+        return [statistics.median(self.clock.since(a, b) for a, b in stamps) for stamps in self._timed]
+
+    def _use(self, caps: tuple[float, float]) -> None:
+        """Re-bucket under `caps` unless the buckets already are under them."""
+        r = self.reducer
+        if (r.bucket_cap_mb, r.first_bucket_cap_mb) != tuple(caps):
+            r.rebucket(*caps)
+
+    def _finish(self, medians: list[float]) -> None:
+        """Combine every rank's medians (MAX: the slowest rank sets the pace), take the fastest layout, the
+        same on every rank (the same figures, the same rule), and re-bucket to it."""
+        trials: tuple[Trial, ...] = ()
+        winner = 0
+        if medians:
+            r = self.reducer
+            on_device = torch.tensor(medians, dtype=torch.float64).to(r.params[0].device)
+            dist.all_reduce(on_device, op=dist.ReduceOp.MAX, group=r.groups[0])
+            slowest = on_device.cpu().tolist()
+            winner = fastest_trial(slowest)
+            trials = tuple(Trial(cap, first, seconds, len(stamps))
+                           for (cap, first), seconds, stamps in zip(self._shortlist, slowest, self._timed))
+        caps = self._shortlist[winner]
+        self._use(caps)
+        self.decision = replace(self.decision, cap_mb=caps[0], first_cap_mb=caps[1], kept=winner == 0, trials=trials)
+        self.decided_after = DECIDE_AT - 1 + len(self._schedule)
+        self.state = "chosen"
+        self._timed, self._schedule = [], []
 
     def logging_data(self) -> dict:
         """What the logging data say about the tuning: its state and, once chosen, the caps and why."""
         figures = {"bucket_cap_auto": 1, "auto_bucket_state": self.state, "auto_bucket_budget_iterations": BUDGET}
-        if self.decision is not None:
+        if self.state == "searching":
+            figures["auto_bucket_shortlist"] = "; ".join(f"{cap:g}/{first:g} MB" for cap, first in self._shortlist)
+        if self.state == "chosen":
             d = self.decision
             figures.update({
                 "auto_bucket_cap_mb": d.cap_mb, "auto_first_bucket_cap_mb": d.first_cap_mb,
                 "auto_bucket_decided_after_iterations": self.decided_after,
                 "auto_bucket_model": d.model,
                 "auto_bucket_predictions": d.describe(),
+                "auto_bucket_measured": d.describe_trials(),
                 "auto_bucket_reason": d.reason(),
                 "auto_bucket_tuning_seconds": self.tuning_seconds,
             })

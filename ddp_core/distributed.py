@@ -53,9 +53,10 @@ class DistributedDataParallel(nn.Module, Joinable):
     list of groups over the same ranks, used round-robin by bucket. `static_graph=True` promises the
     same graph in every iteration, as in PyTorch (see the reducer). Uneven inputs: `join()`.
     `bucket_cap_mb="auto"` (ddp_core only): the first synchronised iterations run on PyTorch's default caps
-    while ddp_core measures them; within at most 30 of them it chooses the cap and the first bucket's
-    cap from a schedule model and re-buckets once, identically on every rank (see `auto_bucket`);
-    `get_ddp_logging_data()` says what it chose and the predicted iteration of every candidate.
+    while ddp_core measures them; a schedule model shortlists three layouts (cap and first bucket's cap),
+    the next iterations try each, and within at most 30 iterations every rank takes the fastest measured
+    one, identically (see `auto_bucket`); `get_ddp_logging_data()` says what it chose, every candidate's
+    predicted iteration and every tried layout's measured one.
     """
 
     def __init__(

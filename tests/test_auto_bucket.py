@@ -1,6 +1,7 @@
-"""bucket_cap_mb="auto": the decision is the schedule model's (unit tests of the pure function), the same on
-every rank even when their timings differ, made once within the budget, told by the logging data, and it
-leaves gradients exactly those of a fixed cap (PyTorch's DDP) and of single-process training."""
+"""bucket_cap_mb="auto": the schedule model ranks and shortlists (unit tests of the pure functions), the
+measured search decides among the shortlist, the same on every rank even when their timings differ, within
+the budget, told by the logging data, and it leaves gradients exactly those of a fixed cap (PyTorch's DDP)
+and of single-process training."""
 import math
 import weakref
 
@@ -14,7 +15,7 @@ from ddp_core.bucketing import MB, TensorSpec
 from experiments.measure.launch import RankPool
 from tests.tiny_models import build, loss_of, make_batch, make_optimizer, train_locally
 
-STEPS = auto_bucket.DECIDE_AT + 3  # a few iterations on the chosen buckets
+STEPS = auto_bucket.DECIDE_AT + auto_bucket.SEARCH_ITERATIONS + 3  # a few iterations on the chosen buckets
 
 
 # --- the pure decision ---
@@ -94,6 +95,34 @@ def test_equal_predictions_keep_the_measured_layout():
     assert decision.kept and (decision.cap_mb, decision.first_cap_mb) == (25.0, 1.0)
 
 
+def test_the_shortlist_holds_the_measured_layout_and_both_models_best():
+    specs, order, ready, backward = _layers()
+    cost = AllReduceCost(latency=1e-5, per_byte=1e-3 / MB)
+    pairs = auto_bucket.candidate_caps(specs, order, measured=(25.0, 1.0))
+    overlapped = choose_cap(specs, order, ready, backward, cost, candidates=pairs)
+    serial = choose_cap(specs, order, ready, backward, cost, model="serial", candidates=pairs)
+    picks = auto_bucket.shortlist(overlapped, serial)
+    best = lambda d: min(range(1, len(pairs)), key=lambda k: (d.candidates[k].predicted, -d.candidates[k].cap_mb))
+    assert picks == [0, best(overlapped), best(serial)] and len(set(picks)) == 3, picks
+    # the two models agreeing: the ranking model's second best fills the place
+    again = auto_bucket.shortlist(overlapped, overlapped)
+    assert again[:2] == [0, best(overlapped)] and len(set(again)) == 3
+    assert auto_bucket.shortlist(overlapped, serial, size=1) == [0]
+
+
+def test_the_measured_search_keeps_the_measured_layout_unless_another_is_clearly_faster():
+    gain = auto_bucket.MIN_MEASURED_GAIN
+    assert auto_bucket.fastest_trial([1.0, 1.0 - gain / 2, 1.1]) == 0  # within the noise it allows
+    assert auto_bucket.fastest_trial([1.0, 1.1, 1.0 - 2 * gain]) == 2
+    assert auto_bucket.fastest_trial([1.0, 0.9, 0.9]) == 1  # equal times: the earlier layout
+    assert auto_bucket.fastest_trial([1.0]) == 0
+
+
+def test_the_search_fits_the_budget():
+    assert auto_bucket.DECIDE_AT + auto_bucket.SEARCH_ITERATIONS <= auto_bucket.BUDGET <= 30
+    assert auto_bucket.VISIT >= 2  # one iteration to settle on new buckets, at least one timed
+
+
 def test_cost_fit_recovers_a_line_and_never_goes_negative():
     fitted = AllReduceCost.fit([1e3, 1e5, 1e6], [1e-4 + 2e-9 * x for x in (1e3, 1e5, 1e6)])
     assert fitted.latency == pytest.approx(1e-4) and fitted.per_byte == pytest.approx(2e-9)
@@ -142,6 +171,8 @@ def _bytes_expensive(ddp):
         return measured
 
     ddp._auto.local_figures = figures
+    # and measured the model's best other layout (the shortlist's second) fastest
+    ddp._auto.search_figures = lambda: [1.0, 0.5, 0.9][:len(ddp._auto._shortlist)]
 
 
 def train_auto_and_torch(rank, world_size, bucket_view):
@@ -167,11 +198,10 @@ def train_auto_and_torch(rank, world_size, bucket_view):
     original = bucket_layout.GradBucket
     bucket_layout.GradBucket = Tracked  # (this rank's process only)
     opt_ours, opt_theirs = make_optimizer("sgd", ddp.parameters()), make_optimizer("sgd", ref.parameters())
-    equal, layouts, largest_before = [], [], 0
+    equal, layouts = [], []
     try:
         for step in range(STEPS):
             if step + 1 == auto_bucket.DECIDE_AT:
-                largest_before = max(b.flat.numel() * b.flat.element_size() for b in ddp.reducer.buckets)
                 peaks.clear()
             batch = make_batch(name, rank, step)
             for model, opt in ((ddp, opt_ours), (ref, opt_theirs)):
@@ -187,9 +217,7 @@ def train_auto_and_torch(rank, world_size, bucket_view):
     total = sum(p.numel() * p.element_size() for p in ours.parameters())
     return {"equal": equal, "layouts": layouts, "calls": calls, "auto": {k: v for k, v in data.items() if "auto" in k},
             "params": {k: v.detach().clone() for k, v in ours.named_parameters()},
-            "peak_extra": max(peaks) - total if peaks else None, "largest_before": largest_before,
-            "bucket_count": len(ddp.reducer.buckets),
-            "largest_after": max(b.flat.numel() * b.flat.element_size() for b in ddp.reducer.buckets)}
+            "peak_extra": max(peaks) - total if peaks else None}
 
 
 def train_with_injected_timings(rank, world_size):
@@ -213,6 +241,8 @@ def train_with_injected_timings(rank, world_size):
         return figures
 
     ddp._auto.local_figures = skewed
+    # and each rank measured the shortlist differently: alone, each would pick another layout
+    ddp._auto.search_figures = lambda: [[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [2.0, 1.0, 3.0]][rank]
     opt = make_optimizer("sgd", ddp.parameters())
     for step in range(STEPS):
         opt.zero_grad()
@@ -249,16 +279,32 @@ def test_parameters_equal_single_process_training(two_ranks):
             torch.testing.assert_close(result["params"][key], expected.detach(), rtol=1e-4, atol=1e-5)
 
 
+def _visit_starts() -> list[int]:
+    """Synchronised iterations done when each visit of the measured search begins (shortlist of three)."""
+    slots = list(range(auto_bucket.SHORTLIST))
+    order = [slot for k in range(auto_bucket.SEARCH_ROUNDS) for slot in (slots if k % 2 == 0 else slots[::-1])]
+    return [auto_bucket.DECIDE_AT - 1 + v * auto_bucket.VISIT for v in range(len(order))], order
+
+
 @pytest.mark.timeout(240)
-def test_the_switch_happens_once_within_the_budget(two_ranks):
+def test_the_search_tries_the_shortlist_and_the_final_switch_comes_within_the_budget(two_ranks):
+    starts, order = _visit_starts()
+    # a re-bucketing where a visit moves to another layout, then one to the measured-fastest (not the last tried)
+    moves = [start for k, start in enumerate(starts) if k > 0 and order[k] != order[k - 1]]
+    final = auto_bucket.DECIDE_AT - 1 + auto_bucket.SEARCH_ITERATIONS
     for result in two_ranks[False]:
-        assert result["calls"] == [auto_bucket.DECIDE_AT - 1], result["calls"]
-        assert auto_bucket.DECIDE_AT <= auto_bucket.BUDGET <= 30
-        measuring = result["layouts"][auto_bucket.WARMUP - 1:auto_bucket.DECIDE_AT - 1]  # after the usual rebuild
-        assert len(set(measuring)) == 1 and len(set(result["layouts"][auto_bucket.DECIDE_AT - 1:])) == 1
-        assert result["auto"]["auto_bucket_decided_after_iterations"] == auto_bucket.DECIDE_AT - 1
-        # expensive bytes, gradients far apart: more (smaller) buckets than the 4 KB ones it measured on
-        assert len(result["layouts"][-1].split(",")) > len(measuring[0].split(",")) > 1, result["layouts"]
+        assert result["calls"] == moves + [final], (result["calls"], moves, final)
+        assert result["auto"]["auto_bucket_decided_after_iterations"] == final <= auto_bucket.BUDGET
+        layouts = result["layouts"]
+        measuring = layouts[auto_bucket.WARMUP - 1:auto_bucket.DECIDE_AT - 1]  # after the usual rebuild
+        assert len(set(measuring)) == 1 and len(set(layouts[final:])) == 1
+        # each visit ran on one layout, and the search tried three different ones
+        visits = [layouts[start:start + auto_bucket.VISIT] for start in starts]
+        assert all(len(set(v)) == 1 for v in visits) and len({v[0] for v in visits}) == auto_bucket.SHORTLIST
+        # expensive bytes, gradients far apart: the model's best (measured fastest here) has more, smaller
+        # buckets than the 4 KB ones it measured on
+        assert layouts[final] == visits[1][0]
+        assert len(layouts[-1].split(",")) > len(measuring[0].split(",")) > 1, layouts
 
 
 @pytest.mark.timeout(240)
@@ -269,6 +315,11 @@ def test_logging_data_name_the_cap_and_every_candidate(two_ranks):
     entries = auto["auto_bucket_predictions"].split("; ")
     assert len(entries) >= 3 and all(" ms (" in e for e in entries)
     assert any(e.startswith(f"{cap:g}/{first:g} MB:") for e in entries)
+    # the measured search: three layouts, the measured one first, each timed VISIT - 1 times per round
+    trials = auto["auto_bucket_measured"].split("; ")
+    timed = auto_bucket.SEARCH_ROUNDS * (auto_bucket.VISIT - 1)
+    assert len(trials) == 3 and all(t.endswith(f"({timed} iterations)") for t in trials), trials
+    assert trials[1].startswith(f"{cap:g}/{first:g} MB: 500.000 ms") and "measured fastest" in auto["auto_bucket_reason"]
     assert auto["auto_bucket_model"] in ("overlapped", "serial")
     assert two_ranks[False][0]["auto"] == two_ranks[False][1]["auto"] | {
         "auto_bucket_tuning_seconds": auto["auto_bucket_tuning_seconds"]}
@@ -279,8 +330,10 @@ def test_the_switch_costs_at_most_one_extra_copy_of_the_largest_bucket(two_ranks
     for view in (False, True):
         for result in two_ranks[view]:
             assert result["peak_extra"] is not None
-            # beyond one copy of the gradients: at most the largest bucket (the new one being filled)
-            largest = max(result["largest_before"], result["largest_after"])
+            # beyond one copy of the gradients: at most the largest bucket (the new one being filled) of
+            # any layout from the model's decision on (the search switches several times)
+            largest = max(int(size) for layout in result["layouts"][auto_bucket.DECIDE_AT - 2:]
+                          for size in layout.split(", "))
             assert result["peak_extra"] <= largest, (view, result["peak_extra"], largest)
             if not view:  # copied gradients: the old buckets go before the new ones come
                 assert result["peak_extra"] == 0
@@ -292,6 +345,11 @@ def test_ranks_agree_even_when_their_timings_differ():
         results = pool.run(train_with_injected_timings, (), timeout=120)
     assert results[0]["alone"] != results[1]["alone"], "the injected timings did not make the ranks see different things"
     first = results[0]
+    # the slowest rank's medians [3, 2, 3]: the shortlist's second is the fastest, on every rank
+    trials = first["auto"]["auto_bucket_measured"].split("; ")
+    assert [t.split(": ")[1].split(" ms")[0] for t in trials] == ["3000.000", "2000.000", "3000.000"], trials
+    auto = first["auto"]
+    assert trials[1].startswith(f"{auto['auto_bucket_cap_mb']:g}/{auto['auto_first_bucket_cap_mb']:g} MB:"), trials
     for rank, result in enumerate(results[1:], start=1):
         auto = dict(result["auto"], auto_bucket_tuning_seconds=None)
         assert auto == dict(first["auto"], auto_bucket_tuning_seconds=None), f"rank {rank} chose differently"

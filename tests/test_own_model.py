@@ -122,7 +122,9 @@ def test_advise_end_to_end_marks_every_figure_and_warns_for_a_gpu_cluster(tmp_pa
     assert kinds["iteration at 16 ranks, 25 MB buckets"] == "predicted"
     assert kinds["find_unused_parameters cost (forward, one process)"] == "measured"
     assert kinds["recommended bucket cap"] == "predicted"
-    assert kinds["bucket_cap_mb='auto' (ddp_core) would choose"] == "predicted"
+    assert kinds["bucket_cap_mb='auto' (ddp_core) would try"] == "predicted"
+    tried = next(f["value"] for f in report["figures"] if f["figure"] == "bucket_cap_mb='auto' (ddp_core) would try")
+    assert tried.startswith("25/1 MB, ") and "keep the fastest measured" in tried, tried
     assert {"counted", "measured", "predicted"} <= set(kinds.values())
     # memory: the profile's peak (a process with torch loaded holds hundreds of MB) and bucket views' saving
     figures = {f["figure"]: f for f in report["figures"]}

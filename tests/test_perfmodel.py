@@ -324,3 +324,7 @@ def test_advise_says_what_auto_would_choose_from_the_profile_and_the_network():
     # on the compute cores nothing overlaps: fewer calls pay, and 25 MB is already nearly one bucket
     shared = auto_bucket_choice(profile, CommModel("cpu", intra=TOY_NET.intra, shares_cores=True), 2)
     assert shared.model == "serial" and shared.cap_mb >= 16 * 1.0 / 2
+    # the layouts auto would measure: the default first, then the model's best, then the other model's
+    from experiments.perfmodel.auto_choice import auto_bucket_shortlist
+    decision, tried = auto_bucket_shortlist(profile, TOY_NET, 2)
+    assert tried[0] == (25.0, 1.0) and (decision.cap_mb, decision.first_cap_mb) == tried[1] and len(set(tried)) == 3

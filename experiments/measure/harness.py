@@ -269,7 +269,7 @@ def tune_bucket_cap(t: Trainee, ddp: ddp_core.DistributedDataParallel, clock: Cl
         return ddp.get_ddp_logging_data()["auto_bucket_state"]
 
     seconds = []
-    while state() == "measuring" and len(seconds) < ddp_core.auto_bucket.BUDGET:
+    while state() in ddp_core.auto_bucket.TUNING_STATES and len(seconds) < ddp_core.auto_bucket.BUDGET:
         clock.start()
         train_step(t.ddp, t.family, t.batch, t.optimizer, True, clock.mark, t.precision)
         seconds.append(clock.seconds()["optimizer"])

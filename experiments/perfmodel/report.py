@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from experiments.core.profile import Profile
-from experiments.perfmodel.auto_choice import auto_bucket_choice
+from experiments.perfmodel.auto_choice import auto_bucket_shortlist
 from experiments.perfmodel.comm import CommModel, Link
 from experiments.perfmodel.devices import device_warnings
 from experiments.perfmodel.predict import (
@@ -212,10 +212,11 @@ def _predicted(report: dict, profile: Profile, comm: CommModel, n: int, names: l
                 f"{at25['latency_ms']:.1f} ms at 25 MB ({best['latency_ms'] / at25['latency_ms'] - 1:+.1%}; {within})",
                 "predicted", best["bucket_mb"])
     report["caps"] = rows
-    auto = auto_bucket_choice(profile, comm, n)
-    _figure(figures, "bucket_cap_mb='auto' (ddp_core) would choose",
-            f"{auto.cap_mb:.3g} MB, first bucket {auto.first_cap_mb:.3g} MB ({auto.model} schedule): {auto.reason()}",
-            "predicted", auto.cap_mb)
+    auto, tried = auto_bucket_shortlist(profile, comm, n)
+    _figure(figures, "bucket_cap_mb='auto' (ddp_core) would try",
+            f"{', '.join(f'{cap:.3g}/{first:.3g} MB' for cap, first in tried)} and keep the fastest measured; the "
+            f"{auto.model} schedule model prefers {auto.cap_mb:.3g} MB, first bucket {auto.first_cap_mb:.3g} MB: "
+            f"{auto.reason()}", "predicted", auto.cap_mb)
 
     def option(what: str, seconds: float, note: str = "") -> None:
         change = seconds / latency - 1
