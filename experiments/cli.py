@@ -144,8 +144,7 @@ def sub_commands() -> dict[str, SubCommand]:
     from experiments.atlas import command as atlas
     from experiments.emulate import network
     from experiments.measure import allreduce, command, train
-    from experiments.perfmodel import advise, scale_command
-    from experiments.perfmodel import commands as perfmodel
+    from experiments.perfmodel import advise, predict_command, profile_command, scale_command
     from experiments.regression import ab, compare, drift, drill, history
 
     return {
@@ -156,13 +155,14 @@ def sub_commands() -> dict[str, SubCommand]:
         "train": SubCommand("training loss per iteration for sync-every n (E6)", _measuring(train.add_arguments),
                             train.TrainOptions, train.main),
         "profile": SubCommand("one-process profile for the performance model",
-                              _measuring(perfmodel.add_profile_arguments), perfmodel.ProfileOptions, perfmodel.profile),
+                              _measuring(profile_command.add_arguments), profile_command.ProfileOptions,
+                              profile_command.main),
         "predict": SubCommand("predict DDP latency from a profile (model)",
-                              lambda parser: perfmodel.add_model_arguments(parser, False), perfmodel.PredictOptions,
-                              perfmodel.main),
+                              lambda parser: predict_command.add_arguments(parser, False),
+                              predict_command.PredictOptions, predict_command.main),
         "tune-bucket": SubCommand("recommend a bucket cap (model)",
-                                  lambda parser: perfmodel.add_model_arguments(parser, True),
-                                  perfmodel.TuneBucketOptions, perfmodel.main),
+                                  lambda parser: predict_command.add_arguments(parser, True),
+                                  predict_command.TuneBucketOptions, predict_command.main),
         "scale-profile": SubCommand("a profile scaled to a GPU's estimated time", scale_command.add_arguments,
                                     scale_command.ScaleProfileOptions, scale_command.main),
         "advise": SubCommand("how DDP will behave for your model: profile, predict, advise", advise.add_arguments,

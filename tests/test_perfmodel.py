@@ -278,7 +278,7 @@ def test_predictions_carry_intervals_from_the_models_validation_errors_and_name_
 
 
 def test_a_change_smaller_than_the_models_error_is_not_recommended():
-    from experiments.perfmodel.commands import recommendation_line
+    from experiments.perfmodel.predict import recommendation_line
     from experiments.perfmodel.uncertainty import ModelError, within_error
 
     error = ModelError("loopback", (-0.1, -0.05, 0.0, 0.05, 0.1), "test")  # median |error| 5%

@@ -238,7 +238,7 @@ MEASURING = ("model_config", "amp", "batch_size", "image_size", "seq_len", "thre
 
 def _trace(options: AdviseOptions) -> int:
     """`advise --trace`: the report from a trace of the user's own loop; nothing is measured."""
-    from experiments.perfmodel.commands import PICKS, traced_profile
+    from experiments.perfmodel.profile_choice import PICKS, traced_profile
     from experiments.perfmodel.report import build_trace_report
 
     try:

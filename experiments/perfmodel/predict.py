@@ -1,6 +1,6 @@
 """Predictions as a library: the network model a prediction uses, one row per schedule, the recommended
 bucket cap, and the text that describes them (`predict`, `tune-bucket`, `advise` and the analysis
-scripts build on these; perfmodel/commands.py is their command line)."""
+scripts build on these; perfmodel/predict_command.py is their command line)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,7 @@ from experiments.core.profile import Profile
 from experiments.core.records import read_records
 from experiments.perfmodel.comm import CLUSTERS, CommModel, emulated, fit
 from experiments.perfmodel.simulate import Schedule, simulate
-from experiments.perfmodel.uncertainty import extrapolation, model_error
+from experiments.perfmodel.uncertainty import extrapolation, model_error, within_error
 
 DEFAULT_CAPS = "0,1,5,10,25,50,100,200"  # the caps E3 measures, so that a recommendation can be checked
 
@@ -152,3 +152,20 @@ def format_rows(rows: list[dict]) -> str:
                      f"{r['forward_ms']:>7.2f} {r['backward_ms']:>7.2f} {r['exposed_comm_ms']:>7.2f} "
                      f"{r['tail_ms']:>6.2f} {r['optimizer_ms']:>6.2f}" + (f" {r['other_ms']:>7.2f}" if other else ""))
     return "\n".join(lines)
+
+
+def recommendation_line(rows: list[dict], near: list[float], error) -> str:
+    """tune-bucket's verdict: the best cap, or where the default's prediction lies within the model's
+    error of the best one's (error: uncertainty.ModelError or None), the default, saying so."""
+    also = ""
+    if len(near) > 1:
+        also = (f" (any of {caps_text(near, [row['bucket_mb'] for row in rows])} predicts within "
+                f"{TOLERANCE:.0%} of the best; the smallest starts communicating earliest)")
+    best = next(row for row in rows if row["bucket_mb"] == near[0])
+    default = next((row for row in rows if row["bucket_mb"] == 25 and row["world_size"] == best["world_size"]), None)
+    if default is not None and 25 not in near:
+        change = best["latency_ms"] / default["latency_ms"] - 1
+        if within_error(error, change):
+            return (f"keep --bucket-mb 25 (the default): the best cap, {near[0]:g} MB, predicts {change:+.1%}, within "
+                    f"the model's error (median |error| {error.median_abs:.1%})")
+    return f"recommended --bucket-mb {near[0]:g}{also}"

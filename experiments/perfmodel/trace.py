@@ -371,3 +371,22 @@ def bucket_lines(trace: TraceProfile, buckets: list[dict], groups: list[list[int
         lines.append(f"  bucket {i}: {bucket['bytes'] / 1e6:.2f} MB, {len(members)} gradient(s), waits for "
                      f"{last.describe()}, ready {bucket['ready'] * 1e3:.2f} ms into backward{timing}")
     return lines
+
+
+def trace_summary(trace: TraceProfile, comm, plans: list, recommended: float | None) -> dict:
+    """The trace's phases and, per distinct schedule shown (tune-bucket: the recommended cap), each bucket
+    and the gradient it waits for."""
+    from experiments.perfmodel.simulate import buckets_of, simulate
+
+    shown = [s for s in plans if recommended is None or s.bucket_mb == recommended][:4]  # a few, not a wall of text
+    buckets = []
+    for plan in shown:
+        prediction = simulate(trace.profile, comm, plan)
+        groups = buckets_of(trace.profile, plan.bucket_mb, plan.first_bucket_mb)
+        buckets.append({"world_size": plan.world_size, "bucket_mb": plan.bucket_mb, "overlap": plan.overlap,
+                        "lines": bucket_lines(trace, prediction.buckets, groups),
+                        "waits_for": [max(g, key=trace.profile.ready.__getitem__) for g in groups]})
+    return {"steps": trace.steps, "device": trace.device, "iteration_ms": trace.iteration * 1e3,
+            "other_ms": trace.other * 1e3, "data_ms": trace.data * 1e3, "accumulate_ms": trace.accumulate * 1e3,
+            "gradients": [{"shape": list(g.shape), "dtype": g.dtype, "bytes": g.nbytes} for g in trace.gradients],
+            "warnings": trace.warnings, "buckets": buckets}
