@@ -45,7 +45,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ddp_core.reducer import ReducerObserver
+from ddp_core.observer import ReducerObserver
 from experiments.core.config import RunConfig
 from experiments.perfmodel.comm import Interference
 
