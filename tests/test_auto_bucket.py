@@ -118,6 +118,22 @@ def test_the_measured_search_keeps_the_measured_layout_unless_another_is_clearly
     assert auto_bucket.fastest_trial([1.0]) == 0
 
 
+def test_the_reason_names_the_measured_figures_that_decided():
+    candidates = (auto_bucket.Candidate(25, 1, 3, 0.0, 0.4), auto_bucket.Candidate(1, 1, 40, 0.0, 0.3))
+    trial = auto_bucket.Trial
+
+    def reason(seconds, kept):
+        trials = (trial(25, 1, seconds[0], 4), trial(1, 1, seconds[1], 4))
+        return auto_bucket.Decision(25 if kept else 1, 1, "overlapped", candidates, kept=kept, trials=trials).reason()
+
+    assert reason([0.400, 0.300], False) == ("measured fastest of the 2 layouts tried: 1/1 MB measured 300.000 ms per "
+                                             "iteration against 400.000 ms for 25/1 MB")
+    assert reason([0.400, 0.395], True) == ("kept 25/1 MB: 1/1 MB measured 395.000 ms per iteration against "
+                                            "400.000 ms for 25/1 MB, not 2% faster")
+    assert reason([0.400, 0.420], True) == ("kept 25/1 MB: measured fastest of the 2 layouts tried (400.000 ms per "
+                                            "iteration; the next, 1/1 MB, 420.000 ms)")
+
+
 def test_the_search_fits_the_budget():
     assert auto_bucket.DECIDE_AT + auto_bucket.SEARCH_ITERATIONS <= auto_bucket.BUDGET <= 30
     assert auto_bucket.VISIT >= 2  # one iteration to settle on new buckets, at least one timed
