@@ -3,7 +3,7 @@
 Before the first backward the buckets follow reverse registration order, a guess; the ready hooks
 record the order gradients actually arrive in (`_arrival_order`), and before the next forward the
 buckets are rebuilt in rank 0's order, the same on every rank. `rebucket` re-buckets under new caps
-(bucket_cap_mb="auto" does it once), keeping the order.
+(bucket_cap_mb="auto" does it for each layout it tries), keeping the order.
 
 A part of `Reducer` (see reducer.py): it owns `_rebuild_enabled`, `_rebuild_pending`, `_arrival_order`
 and `rebuilt_layout`; the ready hooks append to `_arrival_order`, `bucket_layout` builds the buckets.
@@ -42,7 +42,8 @@ class BucketRebuild:
 
     def rebucket(self, bucket_cap_mb: float, first_bucket_cap_mb: float) -> None:
         """Re-bucket under new caps, in the order of the current buckets (bucket_cap_mb="auto" does this
-        once, between iterations, with the same caps on every rank)."""
+        for each layout it tries and once more for the one it keeps, between iterations, with the same caps
+        on every rank)."""
         self.bucket_cap_mb, self.first_bucket_cap_mb = bucket_cap_mb, first_bucket_cap_mb
         self.build_buckets(self.order)
         self._describe_rebuilt()

@@ -152,7 +152,7 @@ def check_bucket_cap(config: RunConfig) -> None:
                               "bucket tuner (ddp_core chooses its cap in its first synchronised iterations)")
         if config.comm_hook == "powersgd":
             raise ConfigError("--bucket-mb auto cannot go with --comm-hook powersgd: PowerSGD keeps its error "
-                              "feedback per bucket, and auto re-buckets once it has chosen")
+                              "feedback per bucket, and auto re-buckets while it tries layouts")
         if config.compile != "none":
             raise ConfigError(f"--bucket-mb auto needs --compile none: auto re-buckets during training, which a "
                               f"compiled graph ({config.compile}) would not see")
