@@ -135,7 +135,11 @@ def test_a_quick_atlas_interleaves_every_variant_with_its_options(tmp_path, caps
                 assert iterations == plan.QUICK["warmup"] + rounds
             if record["atlas"]["variant"] == "bucket_auto":  # it chose, in iterations of its own before warm-up
                 assert auto["auto_bucket_state"] == "chosen" and auto["auto_bucket_cap_mb"] > 0
-                assert len(record["atlas"]["tuning_s"]) == auto_bucket.DECIDE_AT
+                # up to and including the forward that chose, after the measured search (or the model alone
+                # where the model has a single layout to offer)
+                chosen_at = auto["auto_bucket_decided_after_iterations"] + 1
+                assert len(record["atlas"]["tuning_s"]) == chosen_at <= auto_bucket.BUDGET
+                assert chosen_at in (auto_bucket.DECIDE_AT, auto_bucket.DECIDE_AT + auto_bucket.SEARCH_ITERATIONS)
             else:
                 assert auto is None and "tuning_s" not in record["atlas"]
     with open(out / "atlas.csv") as handle:
