@@ -47,6 +47,20 @@ def ratio(records: dict, a: str, b: str) -> dict:
     return {"ratio": r["ratio"], "ci": r["ci"], "rounds": len(r["round_ratios"])}
 
 
+def _milliseconds(described: str) -> list[float]:
+    """The ms figures of ddp_core's `cap/first MB: X ms (...)` entries (auto_bucket_predictions, _measured)."""
+    return [float(entry.split(": ")[1].split(" ms")[0]) for entry in described.split("; ")] if described else []
+
+
+def model_check(chosen: dict) -> dict:
+    """The schedule model against the clock on the measured layout (25/1 MB, the first of both lists): its
+    error on that layout's iteration, and the most it predicted any candidate would save."""
+    predicted, measured = _milliseconds(chosen.get("auto_bucket_predictions")), _milliseconds(chosen.get("auto_bucket_measured"))
+    if not predicted or not measured:
+        return {"model_error_ms": None, "model_predicted_gain_ms": None}
+    return {"model_error_ms": abs(predicted[0] - measured[0]), "model_predicted_gain_ms": predicted[0] - min(predicted)}
+
+
 def cell(records: dict) -> dict:
     """The figures of one model on one network, from its block's records (variant -> record; the default,
     bucket_auto and any of the other variants)."""
@@ -71,7 +85,7 @@ def cell(records: dict) -> dict:
         "auto_vs_ddp_core": ratio(records, "bucket_auto", "ddp_core") if with_ddp_core else None,
         "chosen_cap_mb": chosen.get("auto_bucket_cap_mb"), "chosen_first_cap_mb": chosen.get("auto_first_bucket_cap_mb"),
         "schedule_model": chosen.get("auto_bucket_model"), "reason": chosen.get("auto_bucket_reason"),
-        "measured": chosen.get("auto_bucket_measured"),
+        "measured": chosen.get("auto_bucket_measured"), **model_check(chosen),
         "tuning_iterations": len(tuning), "tuning_s": sum(tuning),
         # what tuning cost beyond as many iterations at auto's steady pace
         "tuning_extra_s": sum(tuning) - len(tuning) * median["bucket_auto"],
@@ -125,11 +139,18 @@ def markdown(cells: dict, command: str) -> str:
                      f"{c['total_with_tuning_vs_default']:.3f} | {GOALS[c['default_is']]} | "
                      f"{'yes' if c['goal_met'] else 'NO'} |")
     rounds = sorted({c["rounds"] for c in cells.values()})
+    checked = [c for c in cells.values() if c.get("model_error_ms") is not None]
+    errors = [c["model_error_ms"] for c in checked]
+    beyond = sum(c["model_error_ms"] > c["model_predicted_gain_ms"] for c in checked)
+    model = (f" The schedule model against the clock on 25/1 MB (its prediction for that layout's iteration "
+             f"against the search's measured median): error {min(errors):.1f}-{max(errors):.1f} ms, larger than the "
+             f"most it predicted any candidate to save in {beyond} of {len(checked)} cells (per cell: "
+             f"auto_bucket.json, model_error_ms and model_predicted_gain_ms)." if checked else "")
     return ("\n".join(lines) + f"\n\nRatios: geometric means over {', '.join(map(str, rounds))} paired rounds, t 95% "
             "intervals over rounds. `best fixed`: PyTorch's DDP at the sweep's cap with the lowest median; the default "
             f"counts as wrong where that cap's ratio is at most {WRONG_DEFAULT:.2f} with an interval below 1. auto's "
             f"tuning iterations run before its warm-up and are not in its ratios; the total charges them to a run of "
-            f"{RUN_ITERATIONS} iterations at the medians. "
+            f"{RUN_ITERATIONS} iterations at the medians.{model} "
             f"Regenerate: `{command}`.\n")
 
 

@@ -21,10 +21,9 @@ count), all within `BUDGET` (30) of them:
 
 Why a model and then a measured search, not either alone: the model ranks tens of candidates from
 milliseconds of probing, but its error (a fitted cost, one of two schedule models, medians of five
-iterations) is often larger than the gains it predicts - measured: 11-69 ms of error against 0.3-38 ms
-of gain for ResNet50 and BERT on two CPU ranks (docs/ddp_core.md). A measured search over all
-candidates would need one re-bucketing and several noisy iterations each (more than the budget), and
-iterations at bad caps cost the user. So the model proposes few and the clock decides among them. Two
+iterations) is often larger than the gains it predicts (measured on two CPU ranks: docs/ddp_core.md). A
+measured search over all candidates would need one re-bucketing and several noisy iterations each (more
+than the budget), and iterations at bad caps cost the user. So the model proposes few and the clock decides among them. Two
 schedule models are considered: communication beside compute (GPUs, or spare CPU cores: buckets overlap
 backward) and communication on the compute cores (nothing overlaps: each call adds its time); the one
 whose prediction for the measured layout is closer to the measured iteration ranks the candidates, and

@@ -312,19 +312,17 @@ def test_advise_calls_a_predicted_change_smaller_than_the_models_error_within_it
 
 
 def test_advise_says_what_auto_would_choose_from_the_profile_and_the_network():
-    from experiments.perfmodel.auto_choice import auto_bucket_choice
+    from experiments.perfmodel.auto_choice import auto_bucket_shortlist
 
     # 16 gradients of 1 MB, one every 50 ms of backward; each 1 MB all-reduce takes ~50 ms: a bucket per
     # gradient hides all but the last behind backward, where 25 MB (one 1 MB bucket, then the other 15) waits
     ready = tuple(0.05 * (k + 1) for k in range(16))
     profile = toy_profile(ready=ready, nbytes=(MB,) * 16, backward=0.8)
-    overlapped = auto_bucket_choice(profile, TOY_NET, 2)
+    overlapped, tried = auto_bucket_shortlist(profile, TOY_NET, 2)
     assert overlapped.model == "overlapped" and not overlapped.kept and overlapped.cap_mb <= 2
     assert (overlapped.candidates[0].cap_mb, overlapped.candidates[0].first_cap_mb) == (25.0, 1.0)
     # on the compute cores nothing overlaps: fewer calls pay, and 25 MB is already nearly one bucket
-    shared = auto_bucket_choice(profile, CommModel("cpu", intra=TOY_NET.intra, shares_cores=True), 2)
+    shared, _ = auto_bucket_shortlist(profile, CommModel("cpu", intra=TOY_NET.intra, shares_cores=True), 2)
     assert shared.model == "serial" and shared.cap_mb >= 16 * 1.0 / 2
     # the layouts auto would measure: the default first, then the model's best, then the other model's
-    from experiments.perfmodel.auto_choice import auto_bucket_shortlist
-    decision, tried = auto_bucket_shortlist(profile, TOY_NET, 2)
-    assert tried[0] == (25.0, 1.0) and (decision.cap_mb, decision.first_cap_mb) == tried[1] and len(set(tried)) == 3
+    assert tried[0] == (25.0, 1.0) and (overlapped.cap_mb, overlapped.first_cap_mb) == tried[1] and len(set(tried)) == 3

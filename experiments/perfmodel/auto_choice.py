@@ -45,11 +45,6 @@ def _decisions(profile: Profile, comm: CommModel, ranks: int) -> tuple["Decision
                  for m in (model, other))
 
 
-def auto_bucket_choice(profile: Profile, comm: CommModel, ranks: int) -> "Decision":
-    """The schedule model's decision for `profile` at `ranks` ranks on `comm` (before any measuring)."""
-    return _decisions(profile, comm, ranks)[0]
-
-
 def auto_bucket_shortlist(profile: Profile, comm: CommModel, ranks: int) -> tuple["Decision", list[tuple[float, float]]]:
     """The model's decision and the (cap, first cap) layouts `auto` would measure, the default's first."""
     from ddp_core import auto_bucket
