@@ -36,7 +36,7 @@ fi
 
 nvidia-smi -L >>"$log" 2>&1
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' >>"$log" 2>&1
-step gpu_tests 110 "$py" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+step gpu_tests 110 "$py" -m pytest -q -m gpu tests/integration/test_gpu.py -p no:cacheprovider
 # ddp_core against PyTorch's DDP: NCCL at world size 1, and Gloo on CUDA tensors at world size 2 (one GPU)
 step resnet50_nccl_ws1 60 "${run[@]}" --backend nccl --world-size 1 --model resnet50 --impl ddp_core,ddp_core_no_overlap,torch \
   --image-size 224 --batch-size 32 --iters 20 --warmup 5

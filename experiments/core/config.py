@@ -82,7 +82,7 @@ _TYPES = {"str": str, "int": int, "float": float, "bool": _boolean, "float | str
 # torch.compile's modes (`default` is its default mode); `none` runs the model as it is.
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # The names of ddp_core.hooks.HOOKS, spelled out so that checking --comm-hook and showing it in --help
-# import no torch (tests/test_cli_start_up.py checks that the two agree).
+# import no torch (tests/unit/test_cli_start_up.py checks that the two agree).
 HOOK_NAMES = ("allreduce", "fp16", "bf16")
 # Hooks of PyTorch's that the harness registers with a state of their own (ddp_core's hooks: ddp_core.hooks).
 TORCH_HOOKS = ("powersgd",)

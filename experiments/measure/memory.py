@@ -9,7 +9,7 @@ ru_maxrss) would carry one config's peak into the next; writing "5" to /proc/sel
 peak to the current resident set (Linux >= 4.0), which makes it a peak per config. Where that file cannot
 be written the peak is the process's since it started, and the record's `method` says so.
 
-tests/test_memory.py checks both against allocations of known size.
+tests/unit/test_memory.py and tests/integration/test_memory.py check both against allocations of known size.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from types import ModuleType
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 TORCHVISION, TRANSFORMERS = "torchvision:", "transformers:"  # the prefixes of --model for library models
-# Built-in model name -> the family module that builds it (its MODELS; tests/test_cli_start_up.py checks the
+# Built-in model name -> the family module that builds it (its MODELS; tests/unit/test_cli_start_up.py checks the
 # two agree). Names, not modules: the command line lists and checks them without importing torch.
 WORKLOADS: dict[str, str] = {"resnet50": "resnet", "resnet-tiny": "resnet", "bert-base": "bert", "bert-tiny": "bert"}
 
