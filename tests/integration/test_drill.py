@@ -2,7 +2,6 @@
 the truth run appends whole rounds and resumes, the goals are judged against true sizes, bad input."""
 import subprocess
 
-
 from experiments.regression import injections
 from tests.unit.test_regression import _scratch_repo
 

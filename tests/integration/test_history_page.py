@@ -1,21 +1,9 @@
 """The history page (`ddpbench history --html`) renders in a real browser: headless Chromium loads it,
 its script runs without errors and draws a chart for every config, whatever markup commit subjects hold."""
 import re
-import shutil
-import subprocess
-
-import pytest
 
 from experiments.regression import page
-
-
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-
-
-# Flags that keep a headless browser from reaching out to the network or needing a GPU or a sandbox.
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--enable-logging=stderr", "--v=0", "--dump-dom"]
+from tests.browser import installed_browser, render
 
 
 def _rows() -> tuple[list[dict], list[str]]:
@@ -38,9 +26,7 @@ def _rows() -> tuple[list[dict], list[str]]:
 
 
 def test_history_page_renders_in_chromium_without_script_errors(tmp_path):
-    browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
-    if browser is None:
-        pytest.skip("no Chromium found (run_tests.sh installs the Debian package `chromium` where it can)")
+    installed_browser()  # skips here, before the page is built, where there is none
     rows, commits = _rows()
     records = tmp_path / "records"
     records.mkdir()
@@ -51,10 +37,7 @@ def test_history_page_renders_in_chromium_without_script_errors(tmp_path):
     assert not set("<>&") & set(data), "markup characters in the inline JSON"
     assert "href=\"records/" + commits[0] + ".jsonl\"" in text and (tmp_path / "site" / "records").is_dir()
     assert not re.search(r"(src|href)=\"(https?:)?//", text)  # self-contained: nothing fetched
-    profile = tmp_path / "profile"
-    profile.mkdir()
-    done = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", index.as_uri()], capture_output=True,
-                          text=True, timeout=120)
+    done = render(index, tmp_path / "profile")
     assert done.returncode == 0, done.stderr[-2000:]
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
     assert not console, console  # an uncaught exception or a console.error would show here

@@ -3,8 +3,6 @@ a figure per varied parameter, findings in one line each, and one self-contained
 browser renders."""
 import random
 import re
-import shutil
-import subprocess
 from dataclasses import asdict, replace
 
 import pytest
@@ -12,15 +10,8 @@ import pytest
 from experiments.cli import main
 from experiments.core.config import RunConfig
 from experiments.core.records import append_record
+from tests.browser import installed_browser, render
 from tests.unit.test_sweep_report import UNTRUSTED, _Page, _sweep, _untrusted_sweep
-
-
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-
-
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--enable-logging=stderr", "--v=0", "--dump-dom"]
 
 
 def _world_size_sweep(path, noisy_bucket: bool = False):
@@ -60,19 +51,14 @@ def test_world_size_findings_speak_of_throughput_and_mark_what_is_not_significan
 
 
 def test_report_page_is_self_contained_and_renders_in_chromium(tmp_path):
-    browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
-    if browser is None:
-        pytest.skip("no Chromium found (run_tests.sh installs the Debian package `chromium` where it can)")
+    installed_browser()  # skips here, before the page is built, where there is none
     records = tmp_path / "mine.jsonl"
     _sweep(records)
     assert main(["report", str(records), "--out", str(tmp_path / "site"), "--html"]) == 0
     index = tmp_path / "site" / "index.html"
     text = index.read_text()
     assert not re.search(r"(src|href)=\"(https?:)?//", text)  # nothing fetched: figures are inlined
-    profile = tmp_path / "profile"
-    profile.mkdir()
-    done = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", index.as_uri()], capture_output=True,
-                          text=True, timeout=120)
+    done = render(index, tmp_path / "profile")
     assert done.returncode == 0, done.stderr[-2000:]
     dom = done.stdout
     assert dom.count('src="data:image/png;base64,') == 2 and dom.count("<tr>") == 5
@@ -86,17 +72,12 @@ def test_report_page_is_self_contained_and_renders_in_chromium(tmp_path):
 
 
 def test_report_page_with_untrusted_config_strings_renders_in_chromium(tmp_path):
-    browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
-    if browser is None:
-        pytest.skip("no Chromium found (run_tests.sh installs the Debian package `chromium` where it can)")
+    installed_browser()  # skips here, before the page is built, where there is none
     records = tmp_path / "mine.jsonl"
     _untrusted_sweep(records, ["resnet-tiny", *UNTRUSTED])
     assert main(["report", str(records), "--out", str(tmp_path / "site"), "--html"]) == 0
     index = tmp_path / "site" / "index.html"
-    profile = tmp_path / "profile"
-    profile.mkdir()
-    done = subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", index.as_uri()], capture_output=True,
-                          text=True, timeout=120)
+    done = render(index, tmp_path / "profile")
     assert done.returncode == 0, done.stderr[-2000:]
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
     assert not console, console  # the page has no script; an injected one would run and could log here

@@ -1,6 +1,5 @@
 """`predict --trace` / `tune-bucket --trace`: a torch.profiler trace of the user's own loop read as a profile."""
 
-
 from experiments.cli import main
 from experiments.perfmodel.trace import read_trace
 

@@ -1,6 +1,5 @@
 """`scale-profile --trace`: a trace of the user's loop as a profile record that the scale model replays."""
 
-
 from experiments.cli import main
 from experiments.core.records import read_records
 from tests.unit.test_trace_record import traced  # noqa: F401,F811  (fixtures: pytest finds them by name)

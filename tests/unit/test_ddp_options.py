@@ -1,7 +1,6 @@
 """DDP's own options as grid parameters of `run`, for ddp_core and PyTorch's DDP alike: parsed as lists,
 refused up front where an implementation cannot run them, recorded in the config, and handed to DDP."""
 
-
 from experiments.cli import main
 from experiments.core.config import RunConfig
 from experiments.core.records import config_key

@@ -2,7 +2,6 @@
 its script runs without errors and draws a chart for every config, whatever markup commit subjects hold."""
 import json
 
-
 from experiments.regression import page
 
 
