@@ -16,7 +16,8 @@ import pytest
 
 from experiments.emulate import network
 from experiments.measure.launch import RankPool
-from tests.unit.test_faults_doors import ROOT, _wait_for
+from tests.processes import namespaces_of, wait_for
+from tests.unit.test_faults_doors import ROOT
 
 
 NETWORK_PROBLEMS = network.check()
@@ -78,7 +79,7 @@ def _hold_pool(pool: RankPool, marks: Path):
     """Start the holding task on `pool` in a thread; return the thread once every rank is holding."""
     worker = threading.Thread(target=pool.run, args=(hold_after_allreduce, (str(marks),), 120))
     worker.start()
-    _wait_for(lambda: all((marks / f"ready{r}").exists() for r in range(pool.world_size)) or not worker.is_alive())
+    wait_for(lambda: all((marks / f"ready{r}").exists() for r in range(pool.world_size)) or not worker.is_alive())
     assert worker.is_alive(), "the ranks failed before holding"
     return worker
 
@@ -114,10 +115,6 @@ def test_with_emulated_hosts_the_store_listens_on_the_switch_alone(tmp_path):
     assert on_the_switch == [network.SWITCH_ADDRESS]
 
 
-def _namespaces_of(pid: int) -> list[str]:
-    return network.list_netns(f"{network.PREFIX}{pid}-")
-
-
 @needs_network
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("when", ["starting", "measuring"])
@@ -129,9 +126,9 @@ def test_three_ctrl_c_in_a_row_leave_no_namespace(tmp_path, when):
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        _wait_for(lambda: len(_namespaces_of(proc.pid)) == 3 or proc.poll() is not None)
+        wait_for(lambda: len(namespaces_of(proc.pid)) == 3 or proc.poll() is not None)
         if when == "measuring":  # the ranks have reached the store, then run iterations for a while
-            _wait_for(lambda: _store_connected(proc.pid) or proc.poll() is not None)
+            wait_for(lambda: _store_connected(proc.pid) or proc.poll() is not None)
             time.sleep(1.0)
         for _ in range(3):
             os.killpg(proc.pid, signal.SIGINT)
@@ -141,7 +138,7 @@ def test_three_ctrl_c_in_a_row_leave_no_namespace(tmp_path, when):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-        left = _namespaces_of(proc.pid)
+        left = namespaces_of(proc.pid)
         for netns in left:  # this test's own leftovers, so that a failure does not stay on the machine
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)
     assert not left, f"left behind: {left}; stderr: {err[-2000:]}"
@@ -150,6 +147,6 @@ def test_three_ctrl_c_in_a_row_leave_no_namespace(tmp_path, when):
 
 def _store_connected(pid: int) -> bool:
     """Whether ranks hold connections to the store of run `pid` (in its switch namespace)."""
-    switches = [n for n in _namespaces_of(pid) if n.endswith("-sw")]
+    switches = [n for n in namespaces_of(pid) if n.endswith("-sw")]
     return bool(switches) and any(f"pid={pid}," in line for line in subprocess.run(
         ["ip", "netns", "exec", switches[0], "ss", "-tnpH"], capture_output=True, text=True).stdout.splitlines())

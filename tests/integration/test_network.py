@@ -4,7 +4,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 
@@ -13,10 +13,12 @@ from experiments.core.config import RunConfig
 from experiments.core.records import read_records
 from experiments.emulate import network
 from experiments.measure.sweep import run_jobs
+from tests.processes import alive, flaky_measure, namespaces_of, wait_for
 from tests.start_up import rank_start_up_s, timeout_after_start_up
-from tests.integration.test_runner import ROOT, _alive, flaky_measure
 from tests.unit.test_runner import TINY
 from tests.unit.test_network import PROBLEMS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 pytestmark = pytest.mark.skipif(bool(PROBLEMS), reason=f"this machine cannot emulate a cluster: {PROBLEMS}")
@@ -25,10 +27,6 @@ pytestmark = pytest.mark.skipif(bool(PROBLEMS), reason=f"this machine cannot emu
 def _interfaces() -> str:
     """The machine's own interfaces: the emulation must never add, remove or change one."""
     return subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
-
-
-def _namespaces_of(pid: int) -> list[str]:
-    return network.list_netns(f"{network.PREFIX}{pid}-")
 
 
 @pytest.mark.timeout(300)
@@ -45,7 +43,7 @@ def test_allreduce_over_a_link_takes_the_time_its_rate_sets(tmp_path):
     assert between_hosts["summary"]["busbw_GBps"] == pytest.approx(rate_gbytes, rel=0.2)
     # Ranks of one host talk over its loopback, which is not shaped.
     assert same_host["summary"]["busbw_GBps"] > 3 * rate_gbytes
-    assert not _namespaces_of(os.getpid()) and _interfaces() == before
+    assert not namespaces_of(os.getpid()) and _interfaces() == before
 
 
 @pytest.mark.slow
@@ -60,7 +58,7 @@ def test_a_training_sweep_on_two_emulated_hosts_records_its_network(tmp_path, ca
     assert len(records) == 2 and all(r["status"] == "ok" and r["correct"] for r in records)
     assert {r["config"]["link"] for r in records} == {"200mbit"}
     assert records[0]["env"]["network"]["hosts"] == 2
-    assert not _namespaces_of(os.getpid())
+    assert not namespaces_of(os.getpid())
 
 
 @pytest.mark.slow
@@ -75,7 +73,7 @@ def test_a_crashing_or_hanging_rank_leaves_no_namespace_behind(tmp_path):
                                                    "summary": {"p50": wall}},
                       "run", timeout=timeout, echo=lambda line: None)
     assert counts == {"ok": 1, "failed": 2, "skipped": 0}
-    assert not _namespaces_of(os.getpid())
+    assert not namespaces_of(os.getpid())
 
 
 def _start_sweep(out, *extra):
@@ -92,45 +90,38 @@ def _kill(proc) -> None:
     proc.communicate(timeout=60)
 
 
-def _wait_for(condition, seconds=120.0):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.2)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ctrl_c_removes_the_emulated_network(tmp_path):
     out = tmp_path / "r.jsonl"
     proc = _start_sweep(out)
     try:
-        _wait_for(lambda: out.exists() and out.read_text().strip())
-        assert _namespaces_of(proc.pid)  # the sweep is still on its emulated hosts
+        wait_for(lambda: out.exists() and out.read_text().strip())
+        assert namespaces_of(proc.pid)  # the sweep is still on its emulated hosts
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         _kill(proc)
     assert proc.returncode == 130, err
-    assert not _namespaces_of(proc.pid)
+    assert not namespaces_of(proc.pid)
 
 
 @pytest.mark.timeout(300)
 def test_cleanup_removes_what_a_killed_run_left_and_keeps_a_live_runs(tmp_path, capsys):
     killed = _start_sweep(tmp_path / "killed.jsonl")
     try:
-        _wait_for(lambda: len(_namespaces_of(killed.pid)) == 3)  # switch and two hosts
+        wait_for(lambda: len(namespaces_of(killed.pid)) == 3)  # switch and two hosts
     finally:
         _kill(killed)  # SIGKILL: no finally block of the run's runs
-    left = _namespaces_of(killed.pid)
+    left = namespaces_of(killed.pid)
     assert len(left) == 3  # what a killed run leaves
     with network.EmulatedCluster(1, "100mbit") as live:  # a run of this process, still going
         assert main(["network", "--cleanup"]) == 0
         printed = capsys.readouterr().out
         assert all(f"removed {name}" in printed for name in left)
         assert f"kept {live.switch}" in printed and live.switch in network.list_netns()
-    assert not _namespaces_of(killed.pid) and not _namespaces_of(os.getpid())
-    _wait_for(lambda: not any(_alive(int(p)) for p in _children_of(killed.pid)), 30)
+    assert not namespaces_of(killed.pid) and not namespaces_of(os.getpid())
+    wait_for(lambda: not any(alive(int(p)) for p in _children_of(killed.pid)), 30)
 
 
 def _children_of(pid: int) -> list[str]:

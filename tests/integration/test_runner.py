@@ -14,6 +14,7 @@ from experiments.cli import main
 from experiments.core.config import RunConfig
 from experiments.core.records import append_record, load_records, read_records
 from experiments.measure.sweep import run_jobs
+from tests.processes import alive, flaky_measure
 from tests.start_up import rank_start_up_s, timeout_after_start_up
 from tests.unit.test_runner import TINY
 
@@ -125,18 +126,6 @@ def test_run_warns_once_after_configs_that_another_process_kept_cores_busy_durin
     assert "while 2 of 2 configs were measured" in printed.err and "during [" in printed.err, printed.err
 
 
-def flaky_measure(rank, world_size, fields):
-    """A stand-in workload: config 1 crashes on rank 1, config 2 hangs on rank 0, the others succeed."""
-    job = fields["seed"]
-    if job == 1 and rank == 1:
-        raise RuntimeError("injected failure")
-    if job == 2 and rank == 0:
-        time.sleep(3600)
-    import torch.distributed as dist
-    dist.barrier()
-    return {"rank": rank, "pid": os.getpid()}
-
-
 CALLS = []  # per rank process: the jobs it measured, in order
 
 
@@ -191,18 +180,7 @@ def test_a_crashing_or_hanging_rank_is_recorded_as_failed_and_the_sweep_goes_on(
                                                                                           ["[3/4]", "FAILED"]]
     assert lines[3].startswith("[4/4] ")  # progress on every line, although stderr is no terminal here
     for pid in records[0]["pids"] + records[3]["pids"]:  # no rank process is left behind
-        assert not _alive(pid), f"process {pid} outlived the sweep"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead, just not yet reaped
-        return Path(f"/proc/{pid}/status").read_text().find("zombie") < 0
-    except OSError:
-        return False
+        assert not alive(pid), f"process {pid} outlived the sweep"
 
 
 @pytest.mark.slow

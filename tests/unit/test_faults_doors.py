@@ -16,15 +16,9 @@ import pytest
 
 from experiments.emulate import network
 from experiments.regression import ab
+from tests.processes import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _wait_for(condition, seconds=120.0):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 STUB_MAIN = '''
@@ -60,7 +54,7 @@ def test_an_interrupted_round_stops_its_child_with_sigterm_and_waits(tmp_path, m
     main_thread = threading.main_thread().ident
 
     def ctrl_c_once_started():
-        _wait_for(lambda: (marks / "pid").exists(), 60)
+        wait_for(lambda: (marks / "pid").exists(), 60)
         signal.pthread_kill(main_thread, signal.SIGINT)  # as Ctrl-C (or SIGTERM, which ddpbench turns into it)
 
     threading.Thread(target=ctrl_c_once_started, daemon=True).start()
