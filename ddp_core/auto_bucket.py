@@ -12,12 +12,21 @@ count), all within `BUDGET` (30) of them:
    (MAX: the slowest rank gates every bucket) and rank 0 replays every candidate (cap, first bucket cap)
    on paper with ddp_core's own schedule (`schedule.replay`, the one the suite's performance model
    uses) and broadcasts a shortlist: the measured layout and the model's `SHORTLIST - 1` best others;
-4. iterations 8-25 (`SEARCH_ITERATIONS`) try the shortlist in two rounds, the second in reverse order
-   (so a drift in the machine's speed favours no one): each visit re-buckets, lets one iteration
-   settle on the new buckets and times the next two, forward to forward (all the user's loop does);
-5. at the forward of iteration 26 the ranks all-reduce their median per layout (MAX) and every rank takes
-   the fastest from the same figures, so ranks never disagree; the measured layout stays unless another
-   was measured `MIN_MEASURED_GAIN` (2%) faster. Tuning is then over: no more stamps on the hot path.
+4. from iteration 8 the measured search tries the shortlist in rounds: a visit re-buckets, lets one
+   iteration settle on the new buckets and times the next two, forward to forward (all the user's loop
+   does). Round 1 visits every shortlisted layout and names the leader (the fastest other one); rounds 2
+   and 3 visit the leader and the measured layout only, in alternating order (so a drift in the machine's
+   speed favours no one). After each round the ranks all-reduce its medians (MAX: the slowest rank sets
+   the pace), so every rank applies the same rule to the same figures and ranks never disagree;
+5. the rule (`search_verdict`): the unit of replication is a round (iterations of one visit are not
+   independent), so the leader replaces the measured layout only if, over the three rounds, the t 95%
+   interval of its ratio to the measured layout lies below 1 and the geometric mean is at least
+   `MIN_MEASURED_GAIN` (2%) below 1. The search stops early, keeping the measured layout, where round 1
+   finds no layout 2% faster or a later round finds the leader no faster. So the evidence a switch needs
+   follows the spread the machine shows: on a quiet machine a few per cent are found; on a noisy one the
+   measured layout stays, and a switch on noise happens in at most ~3% of searches at any spread (the
+   unit test simulates it). The choice comes at the forward of iteration 17, 23 or 29, within `BUDGET`;
+   then tuning is over: no more stamps on the hot path.
 
 Why a model and then a measured search, not either alone: the model ranks tens of candidates from
 milliseconds of probing, but its error (a fitted cost, one of two schedule models, medians of five
@@ -55,13 +64,19 @@ DEFAULT_CAP_MB, DEFAULT_FIRST_CAP_MB = 25.0, 1.0  # PyTorch's; the cap used whil
 # are not exact, and a switch on noise would trade the known layout for an unknown one.
 MIN_GAIN = 0.03
 SHORTLIST = 3  # layouts the measured search tries: the measured one and the model's two best others
-SEARCH_ROUNDS = 2  # the second in reverse order
+SEARCH_ROUNDS = 3  # round 1 over the shortlist; rounds 2 and 3 over the leader and the measured layout
 VISIT = 3  # iterations per visit to a layout: one settles on the new buckets, two are timed
-SEARCH_ITERATIONS = SHORTLIST * SEARCH_ROUNDS * VISIT
-assert DECIDE_AT + SEARCH_ITERATIONS <= BUDGET
-# A layout must be measured this much faster than the measured one to replace it: medians of four
-# iterations per layout are not exact either, and a switch on noise could only lose.
+# the search iterations after which it can choose (after round 1, 2 or 3; the most is SEARCH_ITERATIONS)
+SEARCH_STOPS = tuple((SHORTLIST + 2 * k) * VISIT for k in range(SEARCH_ROUNDS))
+SEARCH_ITERATIONS = SEARCH_STOPS[-1]
+assert DECIDE_AT - 1 + SEARCH_ITERATIONS <= BUDGET
+# The leader must be measured at least this much faster than the measured layout (the geometric mean over
+# rounds) besides its interval lying below 1: a gain too small to matter is not worth an unknown layout.
 MIN_MEASURED_GAIN = 0.02
+# The 97.5% quantile of Student's t with SEARCH_ROUNDS - 1 degrees of freedom (scipy.stats.t.ppf(0.975, 2);
+# a unit test checks it): the bound of a two-sided 95% interval over three rounds. A constant because
+# ddp_core imports torch alone.
+T_975 = 4.302652729749464
 TUNING_STATES = ("measuring", "searching")  # the states before the cap is chosen
 _STANDARD_CAPS_MB = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 200, 400)
 _MODELS = ("overlapped", "serial")
@@ -107,8 +122,24 @@ class Trial:
 
     cap_mb: float
     first_cap_mb: float
-    seconds: float
-    iterations: int  # timed iterations behind the median
+    seconds: float  # the median of its round figures
+    iterations: int  # timed iterations behind them
+    rounds: tuple[float, ...] = ()  # per round it was visited in: the slowest rank's median seconds
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The measured search after some rounds: `winner` (a shortlist slot: 0 is the measured layout) once
+    decided, else None and the slots of the next round; the leader's ratios to the measured layout per
+    round, their geometric mean and t 95% interval (after the last round), and why, in words."""
+
+    winner: int | None
+    next_round: tuple[int, ...] = ()
+    leader: int | None = None
+    ratios: tuple[float, ...] = ()
+    ratio: float | None = None
+    interval: tuple[float, float] | None = None
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,23 +154,14 @@ class Decision:
     margin: float = 0.0  # seconds a candidate had to save against the measured layout (candidates[0])
     kept: bool = False  # no candidate saved more: the measured layout stays
     trials: tuple[Trial, ...] = ()  # the measured search, the measured layout first; () for the model alone
+    verdict: Verdict | None = None  # the measured search's last verdict
 
     def reason(self) -> str:
         """Why these caps, in one sentence, against the measured layout (the first candidate)."""
         measured = self.candidates[0]
-        if self.trials:
-            base = self.trials[0]
-            others = sorted(self.trials[1:], key=lambda t: t.seconds)
-            fastest = others[0]  # (the search runs with two layouts or more)
-            versus = (f"{fastest.cap_mb:g}/{fastest.first_cap_mb:g} MB measured {fastest.seconds * 1e3:.3f} ms per "
-                      f"iteration against {base.seconds * 1e3:.3f} ms for {base.cap_mb:g}/{base.first_cap_mb:g} MB")
-            if not self.kept:
-                return f"measured fastest of the {len(self.trials)} layouts tried: {versus}"
-            if fastest.seconds >= base.seconds:
-                return (f"kept {base.cap_mb:g}/{base.first_cap_mb:g} MB: measured fastest of the {len(self.trials)} "
-                        f"layouts tried ({base.seconds * 1e3:.3f} ms per iteration; the next, "
-                        f"{fastest.cap_mb:g}/{fastest.first_cap_mb:g} MB, {fastest.seconds * 1e3:.3f} ms)")
-            return (f"kept {base.cap_mb:g}/{base.first_cap_mb:g} MB: {versus}, not {MIN_MEASURED_GAIN:.0%} faster")
+        if self.trials and self.verdict is not None:
+            caps = f"{self.cap_mb:g}/{self.first_cap_mb:g} MB"
+            return f"{'kept' if self.kept else 'chose'} {caps}: {self.verdict.why}"
         best = min(self.candidates, key=lambda c: c.predicted)
         gain = (measured.predicted - best.predicted) * 1e3
         if self.kept:
@@ -154,7 +176,8 @@ class Decision:
                          for c in self.candidates)
 
     def describe_trials(self) -> str:
-        """`cap/first MB: measured ms (n iterations)` per layout the search tried, in shortlist order."""
+        """`cap/first MB: measured ms (n iterations)` per layout the search tried, in shortlist order (the
+        median of its round figures)."""
         return "; ".join(f"{t.cap_mb:g}/{t.first_cap_mb:g} MB: {t.seconds * 1e3:.3f} ms ({t.iterations} iterations)"
                          for t in self.trials)
 
@@ -214,11 +237,42 @@ def shortlist(decision: Decision, other: Decision, size: int = SHORTLIST) -> lis
     return picks
 
 
-def fastest_trial(seconds: Sequence[float], min_gain: float = MIN_MEASURED_GAIN) -> int:
-    """The measured search's verdict: the index of the fastest layout (`seconds[0]` is the measured one,
-    which stays unless another is more than `min_gain` faster; equal times go to the earlier layout)."""
-    fastest = min(range(len(seconds)), key=lambda k: (seconds[k], k))
-    return fastest if seconds[fastest] < seconds[0] * (1 - min_gain) else 0
+def search_verdict(rounds: Sequence[dict[int, float]], caps: Sequence[str] | None = None,
+                   min_gain: float = MIN_MEASURED_GAIN, needed: int = SEARCH_ROUNDS) -> Verdict:
+    """The measured search's rule, after each round: `rounds[k]` maps the shortlist slots visited in round
+    k + 1 to their seconds per iteration (slot 0: the measured layout); `caps` names the slots in `why`.
+
+    Round 1 names the leader (the fastest other slot; ties to the earlier). The measured layout stays at
+    once where the leader is not `min_gain` faster in round 1, or no faster in a later round. After
+    `needed` rounds the leader wins only if the t 95% interval of its ratio over rounds lies below 1 and
+    the geometric mean is at least `min_gain` below 1. Otherwise the next round visits the leader and the
+    measured layout, the order alternating."""
+    if needed != SEARCH_ROUNDS:  # T_975 holds for SEARCH_ROUNDS rounds only
+        raise ValueError(f"needed must be {SEARCH_ROUNDS} (T_975's degrees of freedom), got {needed}")
+    name = (lambda k: caps[k]) if caps is not None else (lambda k: f"layout {k}")
+    first = rounds[0]
+    others = sorted(k for k in first if k != 0)
+    if not others:
+        return Verdict(0, why="the only layout")
+    leader = min(others, key=lambda k: (first[k], k))
+    ratios = tuple(r[leader] / r[0] for r in rounds)
+    said = f"{name(leader)} / {name(0)} per round: " + ", ".join(f"{q:.3f}" for q in ratios)
+    if ratios[0] >= 1 - min_gain:
+        return Verdict(0, leader=leader, ratios=ratios,
+                       why=f"no layout measured {min_gain:.0%} faster in round 1 (the fastest, {said})")
+    if any(q >= 1 for q in ratios[1:]):
+        return Verdict(0, leader=leader, ratios=ratios, why=f"{name(leader)} measured no faster in a later round ({said})")
+    if len(rounds) < needed:
+        return Verdict(None, (leader, 0) if len(rounds) % 2 == 1 else (0, leader), leader, ratios)
+    logs = [math.log(q) for q in ratios]
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = T_975 * sd / math.sqrt(len(logs))
+    ratio, interval = math.exp(mean), (math.exp(mean - half), math.exp(mean + half))
+    figures = f"{said}; geometric mean {ratio:.3f} [{interval[0]:.3f}, {interval[1]:.3f}] (t 95% over {len(logs)} rounds)"
+    if interval[1] < 1 and ratio <= 1 - min_gain:
+        return Verdict(leader, (), leader, ratios, ratio, interval, f"measured faster: {figures}")
+    short = "its interval reaches 1" if interval[1] >= 1 else f"less than {min_gain:.0%} faster"
+    return Verdict(0, (), leader, ratios, ratio, interval, f"{name(leader)} not shown faster, {short}: {figures}")
 
 
 def choose_model(specs, order, ready, backward, cost, measured_exposed: float, cap_mb: float, first_cap_mb: float,
@@ -294,12 +348,16 @@ class AutoBucket:
         self._samples: list[dict] = []  # per measured iteration: ready, backward, exposed, rest
         self._stamps: dict = {}
         self._previous_synced = None
-        # the measured search: the shortlisted (cap, first cap) pairs, the iterations still to run as
-        # (shortlist slot, timed?), and per slot the (start, end) stamps of its timed iterations
+        # the measured search: the shortlisted (cap, first cap) pairs, the current round's iterations as
+        # (shortlist slot, timed?), per slot the (start, end) stamps of this round's timed iterations, the
+        # finished rounds' combined figures (slot -> seconds) and the search's iterations so far
         self._shortlist: list[tuple[float, float]] = []
         self._schedule: list[tuple[int, bool]] = []
         self._position = 0
-        self._timed: list[list[tuple]] = []
+        self._timed: dict[int, list[tuple]] = {}
+        self._rounds: list[dict[int, float]] = []
+        self._timed_counts: dict[int, int] = {}
+        self._searched = 0
         self._running: tuple[int, bool, object] | None = None  # the iteration under way: slot, timed, start
         reducer.tuner = self
 
@@ -453,17 +511,22 @@ class AutoBucket:
         self._samples = []
         self._shortlist = [pairs[k] for k in picks]
         if len(self._shortlist) == 1:  # one layout only: nothing to try
-            self._finish([])
+            self._finish(Verdict(0, why="the only layout"))
             return
-        slots = list(range(len(self._shortlist)))
-        rounds = [slots if k % 2 == 0 else slots[::-1] for k in range(SEARCH_ROUNDS)]
-        self._schedule = [(slot, step > 0) for order_ in rounds for slot in order_ for step in range(VISIT)]
-        self._timed = [[] for _ in self._shortlist]
+        self._start_round(range(len(self._shortlist)))
         self.state = "searching"
+
+    def _start_round(self, slots) -> None:
+        """Schedule one visit per slot: a settling iteration, then VISIT - 1 timed ones."""
+        self._schedule = [(slot, step > 0) for slot in slots for step in range(VISIT)]
+        self._position = 0
+        self._timed = {slot: [] for slot in slots}
+        self._running = None
 
     def _search_step(self) -> None:
         """At a synchronised forward during the search: close the iteration that just ended, then start the
-        next on its layout, or decide once the schedule is done.
+        next on its layout; at a round's end, combine its figures and let `search_verdict` decide or name
+        the next round.
 
         An iteration is timed forward to forward: all the user's loop does, optimizer step included (and any
         no_sync() iterations between two synchronised ones, which bucket layouts do not change)."""
@@ -474,21 +537,39 @@ class AutoBucket:
                 self._timed[slot].append((start, now))
         if self._position == len(self._schedule):
             start = time.perf_counter()
-            self._finish(self.search_figures())
+            verdict = self._end_round()
+            if verdict.winner is not None:
+                self._finish(verdict)
+                self.tuning_seconds += time.perf_counter() - start
+                return
+            self._start_round(verdict.next_round)
             self.tuning_seconds += time.perf_counter() - start
-            return
         slot, timed = self._schedule[self._position]
         self._position += 1
+        self._searched += 1
         if not timed:  # a visit begins on another layout
             start = time.perf_counter()
             self._use(self._shortlist[slot])
             self.tuning_seconds += time.perf_counter() - start
         self._running = (slot, timed, self.clock.stamp())
 
-    def search_figures(self) -> list[float]:
-        """This rank's median seconds per timed iteration, per shortlisted layout."""
+    def round_figures(self) -> dict[int, float]:
+        """This rank's median seconds per timed iteration in the round just ended, per slot visited."""
         self.clock.sync()
-        return [statistics.median(self.clock.since(a, b) for a, b in stamps) for stamps in self._timed]
+        return {slot: statistics.median(self.clock.since(a, b) for a, b in stamps) for slot, stamps in self._timed.items()}
+
+    def _end_round(self) -> Verdict:
+        """Combine the round's figures over ranks (MAX: the slowest rank sets the pace; identical on every
+        rank afterwards) and apply the search's rule to every round so far."""
+        mine = self.round_figures()
+        slots = sorted(mine)
+        r = self.reducer
+        on_device = torch.tensor([mine[k] for k in slots], dtype=torch.float64).to(r.params[0].device)
+        dist.all_reduce(on_device, op=dist.ReduceOp.MAX, group=r.groups[0])
+        self._rounds.append(dict(zip(slots, on_device.cpu().tolist())))
+        for slot, stamps in self._timed.items():
+            self._timed_counts[slot] = self._timed_counts.get(slot, 0) + len(stamps)
+        return search_verdict(self._rounds, [f"{cap:g}/{first:g} MB" for cap, first in self._shortlist])
 
     def _use(self, caps: tuple[float, float]) -> None:
         """Re-bucket under `caps` unless the buckets already are under them."""
@@ -496,25 +577,21 @@ class AutoBucket:
         if (r.bucket_cap_mb, r.first_bucket_cap_mb) != tuple(caps):
             r.rebucket(*caps)
 
-    def _finish(self, medians: list[float]) -> None:
-        """Combine every rank's medians (MAX: the slowest rank sets the pace), take the fastest layout, the
-        same on every rank (the same figures, the same rule), and re-bucket to it."""
-        trials: tuple[Trial, ...] = ()
-        winner = 0
-        if medians:
-            r = self.reducer
-            on_device = torch.tensor(medians, dtype=torch.float64).to(r.params[0].device)
-            dist.all_reduce(on_device, op=dist.ReduceOp.MAX, group=r.groups[0])
-            slowest = on_device.cpu().tolist()
-            winner = fastest_trial(slowest)
-            trials = tuple(Trial(cap, first, seconds, len(stamps))
-                           for (cap, first), seconds, stamps in zip(self._shortlist, slowest, self._timed))
-        caps = self._shortlist[winner]
+    def _finish(self, verdict: Verdict) -> None:
+        """Re-bucket to the verdict's layout (the same on every rank: the same figures, the same rule) and
+        note what each shortlisted layout measured."""
+        trials = []
+        for slot, (cap, first) in enumerate(self._shortlist):
+            figures = tuple(r[slot] for r in self._rounds if slot in r)
+            if figures:
+                trials.append(Trial(cap, first, statistics.median(figures), self._timed_counts.get(slot, 0), figures))
+        caps = self._shortlist[verdict.winner]
         self._use(caps)
-        self.decision = replace(self.decision, cap_mb=caps[0], first_cap_mb=caps[1], kept=winner == 0, trials=trials)
-        self.decided_after = DECIDE_AT - 1 + len(self._schedule)
+        self.decision = replace(self.decision, cap_mb=caps[0], first_cap_mb=caps[1], kept=verdict.winner == 0,
+                                trials=tuple(trials), verdict=verdict if trials else None)
+        self.decided_after = DECIDE_AT - 1 + self._searched
         self.state = "chosen"
-        self._timed, self._schedule = [], []
+        self._timed, self._schedule, self._running = {}, [], None
 
     def logging_data(self) -> dict:
         """What the logging data say about the tuning: its state and, once chosen, the caps and why."""
@@ -532,4 +609,8 @@ class AutoBucket:
                 "auto_bucket_reason": d.reason(),
                 "auto_bucket_tuning_seconds": self.tuning_seconds,
             })
+            if d.verdict is not None and d.verdict.ratio is not None:  # the search ran its three rounds
+                figures.update({"auto_bucket_search_ratio": d.verdict.ratio,
+                                "auto_bucket_search_ci_low": d.verdict.interval[0],
+                                "auto_bucket_search_ci_high": d.verdict.interval[1]})
         return figures

@@ -48,8 +48,8 @@ def _bytes_expensive(ddp):
         return measured
 
     ddp._auto.local_figures = figures
-    # and measured the model's best other layout (the shortlist's second) fastest
-    ddp._auto.search_figures = lambda: [1.0, 0.5, 0.9][:len(ddp._auto._shortlist)]
+    # and measured the model's best other layout (the shortlist's second) fastest, in every round
+    ddp._auto.round_figures = lambda: {slot: [1.0, 0.5, 0.9][slot] for slot in ddp._auto._timed}
 
 
 def train_auto_and_torch(rank, world_size, bucket_view):
@@ -119,7 +119,8 @@ def train_with_injected_timings(rank, world_size):
 
     ddp._auto.local_figures = skewed
     # and each rank measured the shortlist differently: alone, each would pick another layout
-    ddp._auto.search_figures = lambda: [[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [2.0, 1.0, 3.0]][rank]
+    table = [[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [2.0, 1.0, 3.0]][rank]
+    ddp._auto.round_figures = lambda: {slot: table[slot] for slot in ddp._auto._timed}
     opt = make_optimizer("sgd", ddp.parameters())
     for step in range(STEPS):
         opt.zero_grad()
@@ -156,21 +157,24 @@ def test_parameters_equal_single_process_training(two_ranks):
             torch.testing.assert_close(result["params"][key], expected.detach(), rtol=1e-4, atol=1e-5)
 
 
-def _visit_starts() -> list[int]:
-    """Synchronised iterations done when each visit of the measured search begins (shortlist of three)."""
-    slots = list(range(auto_bucket.SHORTLIST))
-    order = [slot for k in range(auto_bucket.SEARCH_ROUNDS) for slot in (slots if k % 2 == 0 else slots[::-1])]
+def _visit_starts(leader: int = 1) -> tuple[list[int], list[int]]:
+    """Synchronised iterations done when each visit of the measured search begins, and the slot of each
+    visit: round 1 over the shortlist of three, then the leader and the measured layout, alternating."""
+    order = list(range(auto_bucket.SHORTLIST))
+    for k in range(auto_bucket.SEARCH_ROUNDS - 1):
+        order += [leader, 0] if k % 2 == 0 else [0, leader]
     return [auto_bucket.DECIDE_AT - 1 + v * auto_bucket.VISIT for v in range(len(order))], order
 
 
 @pytest.mark.timeout(240)
 def test_the_search_tries_the_shortlist_and_the_final_switch_comes_within_the_budget(two_ranks):
     starts, order = _visit_starts()
-    # a re-bucketing where a visit moves to another layout, then one to the measured-fastest (not the last tried)
+    # a re-bucketing where a visit moves to another layout; the last visit was on the winner, so no more
     moves = [start for k, start in enumerate(starts) if k > 0 and order[k] != order[k - 1]]
     final = auto_bucket.DECIDE_AT - 1 + auto_bucket.SEARCH_ITERATIONS
+    assert order[-1] == 1 and len(starts) * auto_bucket.VISIT == auto_bucket.SEARCH_ITERATIONS
     for result in two_ranks[False]:
-        assert result["calls"] == moves + [final], (result["calls"], moves, final)
+        assert result["calls"] == moves, (result["calls"], moves, final)
         assert result["auto"]["auto_bucket_decided_after_iterations"] == final <= auto_bucket.BUDGET
         layouts = result["layouts"]
         measuring = layouts[auto_bucket.WARMUP - 1:auto_bucket.DECIDE_AT - 1]  # after the usual rebuild
@@ -178,6 +182,7 @@ def test_the_search_tries_the_shortlist_and_the_final_switch_comes_within_the_bu
         # each visit ran on one layout, and the search tried three different ones
         visits = [layouts[start:start + auto_bucket.VISIT] for start in starts]
         assert all(len(set(v)) == 1 for v in visits) and len({v[0] for v in visits}) == auto_bucket.SHORTLIST
+        assert [visits[k][0] == visits[1][0] for k in range(len(visits))] == [slot == 1 for slot in order]
         # expensive bytes, gradients far apart: the model's best (measured fastest here) has more, smaller
         # buckets than the 4 KB ones it measured on
         assert layouts[final] == visits[1][0]
@@ -193,10 +198,14 @@ def test_logging_data_name_the_cap_and_every_candidate(two_ranks):
     assert len(entries) >= 3 and all(" ms (" in e for e in entries)
     assert any(e.startswith(f"{cap:g}/{first:g} MB:") for e in entries)
     # the measured search: three layouts, the measured one first, each timed VISIT - 1 times per round
+    # it was visited in (the measured layout and the leader in all three, the third in round 1)
     trials = auto["auto_bucket_measured"].split("; ")
-    timed = auto_bucket.SEARCH_ROUNDS * (auto_bucket.VISIT - 1)
-    assert len(trials) == 3 and all(t.endswith(f"({timed} iterations)") for t in trials), trials
-    assert trials[1].startswith(f"{cap:g}/{first:g} MB: 500.000 ms") and "measured fastest" in auto["auto_bucket_reason"]
+    timed = [auto_bucket.SEARCH_ROUNDS * (auto_bucket.VISIT - 1)] * 2 + [auto_bucket.VISIT - 1]
+    assert [t.split("(")[1] for t in trials] == [f"{n} iterations)" for n in timed], trials
+    assert trials[1].startswith(f"{cap:g}/{first:g} MB: 500.000 ms")
+    assert auto["auto_bucket_reason"].startswith(f"chose {cap:g}/{first:g} MB: measured faster:"), auto
+    assert "0.500, 0.500, 0.500; geometric mean 0.500 [0.500, 0.500]" in auto["auto_bucket_reason"]
+    assert auto["auto_bucket_search_ratio"] == pytest.approx(0.5) and auto["auto_bucket_search_ci_high"] < 1
     assert auto["auto_bucket_model"] in ("overlapped", "serial")
     assert two_ranks[False][0]["auto"] == two_ranks[False][1]["auto"] | {
         "auto_bucket_tuning_seconds": auto["auto_bucket_tuning_seconds"]}

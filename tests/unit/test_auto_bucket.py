@@ -3,6 +3,7 @@ measured search decides among the shortlist, the same on every rank even when th
 the budget, told by the logging data, and it leaves gradients exactly those of a fixed cap (PyTorch's DDP)
 and of single-process training."""
 import math
+import random
 
 import pytest
 import torch
@@ -104,32 +105,85 @@ def test_the_shortlist_holds_the_measured_layout_and_both_models_best():
     assert auto_bucket.shortlist(overlapped, serial, size=1) == [0]
 
 
-def test_the_measured_search_keeps_the_measured_layout_unless_another_is_clearly_faster():
+def test_the_search_names_a_leader_in_round_one_then_confirms_it_in_alternating_rounds():
+    verdict = auto_bucket.search_verdict([{0: 1.0, 1: 0.97, 2: 0.9}])
+    assert verdict.winner is None and verdict.leader == 2 and verdict.next_round == (2, 0)
+    verdict = auto_bucket.search_verdict([{0: 1.0, 1: 0.97, 2: 0.9}, {2: 0.91, 0: 1.0}])
+    assert verdict.winner is None and verdict.next_round == (0, 2)
+    verdict = auto_bucket.search_verdict([{0: 1.0, 1: 0.97, 2: 0.9}, {2: 0.91, 0: 1.0}, {0: 1.0, 2: 0.89}])
+    assert verdict.winner == 2 and verdict.ratio == pytest.approx((0.9 * 0.91 * 0.89) ** (1 / 3))
+    assert verdict.interval[0] < verdict.ratio < verdict.interval[1] < 1 and verdict.why.startswith("measured faster")
+
+
+def test_the_search_keeps_the_measured_layout_unless_the_rounds_show_the_leader_faster():
     gain = auto_bucket.MIN_MEASURED_GAIN
-    assert auto_bucket.fastest_trial([1.0, 1.0 - gain / 2, 1.1]) == 0  # within the noise it allows
-    assert auto_bucket.fastest_trial([1.0, 1.1, 1.0 - 2 * gain]) == 2
-    assert auto_bucket.fastest_trial([1.0, 0.9, 0.9]) == 1  # equal times: the earlier layout
-    assert auto_bucket.fastest_trial([1.0]) == 0
+    # round 1: no layout min_gain faster; equal times name the earlier layout the leader
+    kept = auto_bucket.search_verdict([{0: 1.0, 1: 1.0 - gain / 2, 2: 1.1}])
+    assert kept.winner == 0 and kept.leader == 1 and "round 1" in kept.why
+    assert auto_bucket.search_verdict([{0: 1.0, 1: 0.9, 2: 0.9}]).leader == 1
+    # a later round with the leader no faster ends the search at once
+    kept = auto_bucket.search_verdict([{0: 1.0, 1: 0.9, 2: 1.1}, {1: 1.01, 0: 1.0}])
+    assert kept.winner == 0 and "no faster in a later round" in kept.why
+    # three rounds all faster, but too spread for the interval to exclude 1
+    spread = auto_bucket.search_verdict([{0: 1.0, 1: 0.7, 2: 1.1}, {1: 0.99, 0: 1.0}, {0: 1.0, 1: 0.95}])
+    assert spread.winner == 0 and spread.interval[1] >= 1 and "interval reaches 1" in spread.why
+    # consistent, but less than min_gain faster
+    small = auto_bucket.search_verdict([{0: 1.0, 1: 0.979, 2: 1.1}, {1: 0.985, 0: 1.0}, {0: 1.0, 1: 0.982}])
+    assert small.winner == 0 and small.interval[1] < 1 and f"less than {gain:.0%} faster" in small.why
+    assert auto_bucket.search_verdict([{0: 1.0}]).winner == 0
+
+
+def _simulated_switches(spread: float, truth: tuple[float, float, float], searches: int, seed: int) -> float:
+    """Share of searches that leave the measured layout, each round's figure per layout the truth times
+    log-normal noise of `spread` (independent per layout and round)."""
+    rng = random.Random(seed)
+    switches = 0
+    for _ in range(searches):
+        rounds = []
+        verdict = auto_bucket.Verdict(None, (0, 1, 2))
+        while verdict.winner is None:
+            rounds.append({k: truth[k] * math.exp(rng.gauss(0.0, spread)) for k in verdict.next_round})
+            verdict = auto_bucket.search_verdict(rounds)
+        switches += verdict.winner != 0
+    return switches / searches
+
+
+@pytest.mark.parametrize("spread", [0.01, 0.03, 0.08, 0.15])
+def test_a_switch_on_noise_is_rare_at_any_spread(spread):
+    # all three layouts equally fast: any switch is a false one (5000 searches: the share is known to +-0.5%)
+    assert _simulated_switches(spread, (1.0, 1.0, 1.0), 5000, seed=1) <= 0.045
+
+
+def test_a_real_gain_is_found_where_the_machine_is_quiet_and_a_worse_layout_never_wins():
+    assert _simulated_switches(0.01, (1.0, 0.92, 1.0), 2000, seed=2) >= 0.95  # 8% at 1% spread (a GPU's)
+    assert _simulated_switches(0.02, (1.0, 0.90, 1.05), 2000, seed=3) >= 0.8
+    assert _simulated_switches(0.05, (1.0, 1.05, 1.10), 2000, seed=4) <= 0.01
+
+
+def test_the_t_quantile_is_students():
+    from scipy.stats import t
+
+    assert auto_bucket.T_975 == pytest.approx(t.ppf(0.975, auto_bucket.SEARCH_ROUNDS - 1), rel=1e-12)
+    with pytest.raises(ValueError, match="needed must be 3"):
+        auto_bucket.search_verdict([{0: 1.0, 1: 0.5}], needed=4)
 
 
 def test_the_reason_names_the_measured_figures_that_decided():
     candidates = (auto_bucket.Candidate(25, 1, 3, 0.0, 0.4), auto_bucket.Candidate(1, 1, 40, 0.0, 0.3))
-    trial = auto_bucket.Trial
-
-    def reason(seconds, kept):
-        trials = (trial(25, 1, seconds[0], 4), trial(1, 1, seconds[1], 4))
-        return auto_bucket.Decision(25 if kept else 1, 1, "overlapped", candidates, kept=kept, trials=trials).reason()
-
-    assert reason([0.400, 0.300], False) == ("measured fastest of the 2 layouts tried: 1/1 MB measured 300.000 ms per "
-                                             "iteration against 400.000 ms for 25/1 MB")
-    assert reason([0.400, 0.395], True) == ("kept 25/1 MB: 1/1 MB measured 395.000 ms per iteration against "
-                                            "400.000 ms for 25/1 MB, not 2% faster")
-    assert reason([0.400, 0.420], True) == ("kept 25/1 MB: measured fastest of the 2 layouts tried (400.000 ms per "
-                                            "iteration; the next, 1/1 MB, 420.000 ms)")
+    rounds = [{0: 0.4, 1: 0.3}, {1: 0.31, 0: 0.4}, {0: 0.41, 1: 0.3}]
+    verdict = auto_bucket.search_verdict(rounds, ["25/1 MB", "1/1 MB"])
+    trials = (auto_bucket.Trial(25, 1, 0.4, 6, (0.4, 0.4, 0.41)), auto_bucket.Trial(1, 1, 0.3, 6, (0.3, 0.31, 0.3)))
+    chose = auto_bucket.Decision(1, 1, "overlapped", candidates, trials=trials, verdict=verdict).reason()
+    assert chose.startswith("chose 1/1 MB: measured faster: 1/1 MB / 25/1 MB per round: 0.750, 0.775, 0.732; "
+                            "geometric mean 0.752 ["), chose
+    assert chose.endswith("] (t 95% over 3 rounds)")
+    kept = auto_bucket.search_verdict([{0: 0.4, 1: 0.395}], ["25/1 MB", "1/1 MB"])
+    assert auto_bucket.Decision(25, 1, "overlapped", candidates, kept=True, trials=trials, verdict=kept).reason() == (
+        "kept 25/1 MB: no layout measured 2% faster in round 1 (the fastest, 1/1 MB / 25/1 MB per round: 0.988)")
 
 
 def test_the_search_fits_the_budget():
-    assert auto_bucket.DECIDE_AT + auto_bucket.SEARCH_ITERATIONS <= auto_bucket.BUDGET <= 30
+    assert auto_bucket.DECIDE_AT - 1 + auto_bucket.SEARCH_ITERATIONS <= auto_bucket.BUDGET <= 30
     assert auto_bucket.VISIT >= 2  # one iteration to settle on new buckets, at least one timed
 
 
