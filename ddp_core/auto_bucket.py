@@ -24,7 +24,7 @@ count), all within `BUDGET` (30) of them:
    `MIN_MEASURED_GAIN` (2%) below 1. The search stops early, keeping the measured layout, where round 1
    finds no layout 2% faster or a later round finds the leader no faster. So the evidence a switch needs
    follows the spread the machine shows: on a quiet machine a few per cent are found; on a noisy one the
-   measured layout stays, and a switch on noise happens in at most ~3% of searches at any spread (the
+   measured layout stays, and a switch on noise happens in at most 4.5% of searches at spreads of 1-15% (the
    unit test simulates it). The choice comes at the forward of iteration 17, 23 or 29, within `BUDGET`;
    then tuning is over: no more stamps on the hot path.
 
@@ -350,13 +350,13 @@ class AutoBucket:
         self._previous_synced = None
         # the measured search: the shortlisted (cap, first cap) pairs, the current round's iterations as
         # (shortlist slot, timed?), per slot the (start, end) stamps of this round's timed iterations, the
-        # finished rounds' combined figures (slot -> seconds) and the search's iterations so far
+        # finished rounds' combined figures (slot -> seconds) and the search's iterations so far (a slot's
+        # timed iterations are VISIT - 1 per round it was visited in)
         self._shortlist: list[tuple[float, float]] = []
         self._schedule: list[tuple[int, bool]] = []
         self._position = 0
         self._timed: dict[int, list[tuple]] = {}
         self._rounds: list[dict[int, float]] = []
-        self._timed_counts: dict[int, int] = {}
         self._searched = 0
         self._running: tuple[int, bool, object] | None = None  # the iteration under way: slot, timed, start
         reducer.tuner = self
@@ -567,8 +567,6 @@ class AutoBucket:
         on_device = torch.tensor([mine[k] for k in slots], dtype=torch.float64).to(r.params[0].device)
         dist.all_reduce(on_device, op=dist.ReduceOp.MAX, group=r.groups[0])
         self._rounds.append(dict(zip(slots, on_device.cpu().tolist())))
-        for slot, stamps in self._timed.items():
-            self._timed_counts[slot] = self._timed_counts.get(slot, 0) + len(stamps)
         return search_verdict(self._rounds, [f"{cap:g}/{first:g} MB" for cap, first in self._shortlist])
 
     def _use(self, caps: tuple[float, float]) -> None:
@@ -584,7 +582,7 @@ class AutoBucket:
         for slot, (cap, first) in enumerate(self._shortlist):
             figures = tuple(r[slot] for r in self._rounds if slot in r)
             if figures:
-                trials.append(Trial(cap, first, statistics.median(figures), self._timed_counts.get(slot, 0), figures))
+                trials.append(Trial(cap, first, statistics.median(figures), (VISIT - 1) * len(figures), figures))
         caps = self._shortlist[verdict.winner]
         self._use(caps)
         self.decision = replace(self.decision, cap_mb=caps[0], first_cap_mb=caps[1], kept=verdict.winner == 0,

@@ -113,6 +113,11 @@ def test_the_search_names_a_leader_in_round_one_then_confirms_it_in_alternating_
     verdict = auto_bucket.search_verdict([{0: 1.0, 1: 0.97, 2: 0.9}, {2: 0.91, 0: 1.0}, {0: 1.0, 2: 0.89}])
     assert verdict.winner == 2 and verdict.ratio == pytest.approx((0.9 * 0.91 * 0.89) ** (1 / 3))
     assert verdict.interval[0] < verdict.ratio < verdict.interval[1] < 1 and verdict.why.startswith("measured faster")
+    # the suite's own interval over rounds (ddp_core cannot import it) gives the same figures
+    from experiments.core.stats import geometric_mean_ratio
+
+    suite = geometric_mean_ratio(list(verdict.ratios), confidence=0.95)
+    assert (verdict.ratio, *verdict.interval) == pytest.approx((suite["ratio"], *suite["ci"]), rel=1e-9)
 
 
 def test_the_search_keeps_the_measured_layout_unless_the_rounds_show_the_leader_faster():
