@@ -6,7 +6,7 @@ import pytest
 from experiments.cli import main
 from experiments.core.config import RunConfig
 from experiments.core.records import read_records
-from experiments.measure.launch import run_ranks
+from experiments.measure.launch import RankPool, run_ranks
 
 
 UNUSED_MODEL = '''
@@ -107,16 +107,16 @@ def test_each_ddp_option_trains_ddp_core_as_pytorchs_ddp_at_two_ranks():
 @pytest.mark.timeout(300)
 def test_compile_and_powersgd_train_as_without_them():
     base = RunConfig(model="resnet-tiny", image_size=16, batch_size=2, world_size=1, impl="ddp_core").__dict__
-    plain = run_ranks(_wrapped, 1, (base,))[0]
-    compiled = run_ranks(_wrapped, 1, ({**base, "compile": "default"},), timeout=240)[0]
+    with RankPool(1, timeout=240) as pool:  # one rank for the four runs, as a sweep's configs share theirs
+        plain, compiled, torch_compiled, powersgd = (pool.run(_wrapped, (fields,), timeout=240)[0] for fields in (
+            base, {**base, "compile": "default"}, {**base, "impl": "torch", "compile": "default"},
+            {**base, "comm_hook": "powersgd", "powersgd_rank": 2}))
     assert compiled["compiled"]
     # Inductor's kernels round differently from eager ones: the first loss agrees closely; later ones drift
     # apart (batch-norm at batch 2 amplifies it), so the trajectory is held against PyTorch's DDP compiled.
     assert compiled["losses"][0] == pytest.approx(plain["losses"][0], rel=1e-3)
-    torch_compiled = run_ranks(_wrapped, 1, ({**base, "impl": "torch", "compile": "default"},), timeout=240)[0]
     assert compiled["losses"] == pytest.approx(torch_compiled["losses"], rel=1e-5)
     # PowerSGD at one rank: compression of a sum over one rank is exact after its first (plain) iterations
-    powersgd = run_ranks(_wrapped, 1, ({**base, "comm_hook": "powersgd", "powersgd_rank": 2},))[0]
     assert powersgd["hook"] == "powerSGD_hook"  # registered, not silently left out
     assert powersgd["losses"][0] == pytest.approx(plain["losses"][0], rel=1e-5)
 

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -24,6 +25,5 @@ def workload(name: str) -> ModuleType:
     """The workload module that builds `name`; ValueError listing the known names otherwise."""
     if name not in WORKLOADS:
         raise ValueError(f"model={name!r} is unknown; choose one of {', '.join(sorted(WORKLOADS))}")
-    from experiments.measure.workloads import bert, resnet  # torch and transformers: once a model is wanted
-
-    return {"resnet": resnet, "bert": bert}[WORKLOADS[name]]
+    # Only the family asked for: transformers and torchvision take seconds each to import, in every rank.
+    return importlib.import_module(f"experiments.measure.workloads.{WORKLOADS[name]}")
