@@ -214,17 +214,29 @@ class IterationBar:
             self.bar.close()
 
 
+def _pool_key(job) -> tuple:
+    """What jobs must share to run in one pool of ranks: backend, device, world size, threads, network."""
+    return (job.backend, job.device, job.world_size, job.threads, job.link, job.ranks_per_host,
+            getattr(job, "time_dilation", 1.0))
+
+
 def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, kind: str, resume: bool = False,
              timeout: float = 600.0, on_record: Callable | None = None, echo: Callable = print) -> dict:
     """Measure each job (a frozen dataclass with backend, device, world_size, threads) on its ranks.
 
     `measure_fn(rank, world_size, fields)` runs on every rank; `to_record(job, per_rank, wall_s)` turns
     the ranks' results into a record. Jobs sharing backend, device, world size, threads and network
-    (link, ranks per host) share one pool of processes; a fresh pool runs its first job once unrecorded
+    (link, ranks per host) share one pool of processes, wherever they stand in `jobs`; a fresh pool runs its first job once unrecorded
     before measuring it. Returns counts of ok, failed and skipped (already recorded, with `resume`) jobs.
     """
     done = recorded_keys(out) if resume else set()
     todo = [job for job in jobs if config_key(dataclasses.asdict(job)) not in done]
+    # Jobs of one pool together (stable, pools in order of first appearance): each pool start costs seconds
+    # (spawned ranks import torch and the model's library, then run their first job once unrecorded).
+    first_seen: dict[tuple, int] = {}
+    for job in todo:
+        first_seen.setdefault(_pool_key(job), len(first_seen))
+    todo.sort(key=lambda job: first_seen[_pool_key(job)])
     counts = {"ok": 0, "failed": 0, "skipped": len(jobs) - len(todo)}
     if not resume:
         warn_already_recorded(jobs, out)
@@ -240,9 +252,7 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
 
     try:
         for (backend, _device, world_size, threads, link, ranks_per_host, dilation), group in itertools.groupby(
-            todo, key=lambda job: (job.backend, job.device, job.world_size, job.threads, job.link, job.ranks_per_host,
-                                   getattr(job, "time_dilation", 1.0))
-        ):
+            todo, key=_pool_key):
             pool = None
             shaped = network.dilated(link, dilation)  # time runs K times slower: so do the links
             try:

@@ -73,10 +73,8 @@ def resolve(options: ProfileOptions) -> list[RunConfig]:
     lists.setdefault("device", [default_device])
     lists.setdefault("threads", [1])  # as the main job's runs: one compute thread per rank
     colocated = parse_ints("colocated", options.colocated, 1)
-    # Copies outermost: configs of one world size follow each other and share one pool of ranks (run_jobs
-    # starts a pool, and its unrecorded first run, for each run of equal world sizes).
     configs = [dataclasses.replace(profile_config(c, n), backend="nccl" if c.device == "cuda" else "gloo")
-               for n in colocated for c in expand_grid({**lists, "world_size": [1]})]
+               for c in expand_grid({**lists, "world_size": [1]}) for n in colocated]
     for config in configs:  # co-located GPU copies need a GPU each
         validate_backend(config.backend, config.device, config.world_size)
     if options.interference_probe not in ("on", "off"):

@@ -139,14 +139,16 @@ def counting_measure(rank, world_size, fields):
 def test_fresh_ranks_run_their_first_job_once_unrecorded_before_measuring_it(tmp_path):
     # Freshly started ranks ran their first job slower throughout (a fresh process re-faults its freed memory
     # every iteration, benchmarks/first_model_page_faults.py): every recorded job must meet ranks that have run one.
+    # A job of another world size between them: the two of world size 1 still share one pool (run_jobs groups).
     out = tmp_path / "r.jsonl"
-    run_jobs([RunConfig(seed=s, world_size=1) for s in (7, 8)], out, counting_measure,
+    run_jobs([RunConfig(seed=7, world_size=1), RunConfig(seed=9, world_size=2), RunConfig(seed=8, world_size=1)],
+             out, counting_measure,
              lambda job, per_rank, wall: {"kind": "run", "status": "ok", "config": {"seed": job.seed},
                                           "summary": {"p50": wall}, "calls": per_rank[0]["calls"],
                                           "pid": per_rank[0]["pid"]}, "run", echo=lambda line: None)
-    first, second = read_records(out)
-    assert first["pid"] == second["pid"]  # one pool
-    assert first["calls"] == [7, 7] and second["calls"] == [7, 7, 8]
+    first, second, other = read_records(out)
+    assert first["pid"] == second["pid"] != other["pid"]  # one pool per world size
+    assert first["calls"] == [7, 7] and second["calls"] == [7, 7, 8] and other["calls"] == [9, 9]
 
 
 @pytest.mark.slow

@@ -25,5 +25,6 @@ def workload(name: str) -> ModuleType:
     """The workload module that builds `name`; ValueError listing the known names otherwise."""
     if name not in WORKLOADS:
         raise ValueError(f"model={name!r} is unknown; choose one of {', '.join(sorted(WORKLOADS))}")
-    # Only the family asked for: transformers and torchvision take seconds each to import, in every rank.
+    # Only the family asked for: a ResNet's ranks skip transformers (3.4 s to import here, in every rank;
+    # tests/unit/test_cli_start_up.py). A BERT's import torchvision all the same: transformers does.
     return importlib.import_module(f"experiments.measure.workloads.{WORKLOADS[name]}")
