@@ -226,14 +226,14 @@ def _add_machine_arguments(machine: argparse.ArgumentParser) -> None:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON-lines record file (appended to)")
     parser.add_argument("--resume", action="store_true", help="skip configs already recorded in --out")
-    # The clock starts when a config is handed to its ranks (launch.RankPool.run); the ranks are spawned just
+    # The clock starts when a config is handed to its ranks (launch.RankPool.run); the ranks are started just
     # before and not waited for, so the first config of each set of ranks also pays for their start-up.
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds one config may take, from handing it to its ranks until all have answered "
                              "(building the model, warm-up, measuring); the first config of each set of ranks (a "
                              "new world size, backend, device, thread count or network, or the next config after a "
-                             "failure) also includes the ranks' start-up: spawning, importing torch, joining the "
-                             "process group. It is also the ranks' timeout for one collective (under torchrun, "
+                             "failure) also includes the ranks' start-up: forking them (the run's first set also "
+                             "imports torch once), joining the process group, importing the model's library. It is also the ranks' timeout for one collective (under torchrun, "
                              f"only that). Default 600; at most {MAX_TIMEOUT_S} (a year)")
 
 

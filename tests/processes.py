@@ -41,3 +41,20 @@ def flaky_measure(rank, world_size, fields):
     import torch.distributed as dist
     dist.barrier()
     return {"rank": rank, "pid": os.getpid()}
+
+
+def burn_cpu(rank, world_size, seconds):
+    """Keep one core busy for `seconds` of this process's CPU time; return the CPU seconds it used."""
+    started = time.process_time()
+    while time.process_time() - started < seconds:
+        pass
+    return time.process_time() - started
+
+
+def rank_facts(rank, world_size, name):
+    """Print a line to standard output and one to standard error; return the pid, the parent's pid and
+    the environment variable `name`."""
+    import sys
+    print(f"rank {rank} says hello on stdout", flush=True)
+    print(f"rank {rank} says hello on stderr", file=sys.stderr, flush=True)
+    return os.getpid(), os.getppid(), os.environ.get(name)

@@ -1,9 +1,9 @@
 """Timeouts taken from the same run: how long a set of ranks takes to start on this machine, now.
 
-A config's timeout also covers its ranks' start-up (spawning, importing torch, joining the process
-group), which takes seconds on a quiet machine and several times that beside other work. A test whose
-timeout must let a config finish, yet end a hanging one soon, scales it from a start-up measured just
-before, under the same load.
+A config's timeout also covers its ranks' start-up (forking them, the run's first set also importing
+torch once; joining the process group), which takes seconds on a quiet machine and several times that
+beside other work. A test whose timeout must let a config finish, yet end a hanging one soon, scales it
+from a start-up measured just before, under the same load.
 """
 import time
 

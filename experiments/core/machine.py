@@ -34,19 +34,46 @@ def busy_cpu_seconds() -> float | None:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def process_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (state, parent, ..., so index i is the man
+    page's field i + 3), or None where the process or /proc is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def descendants_cpu_seconds() -> float:
+    """CPU seconds used so far by this process's descendants: those that ended and were waited for
+    (getrusage), and those alive or not yet waited for (/proc, with what they waited for in turn).
+    Ranks are grandchildren, forked by multiprocessing's fork server (experiments.measure.launch)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = children.ru_utime + children.ru_stime
+    kids: dict[int, list[tuple[int, list[str]]]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit() and (fields := process_stat(int(entry))) is not None:
+            kids.setdefault(int(fields[1]), []).append((int(entry), fields))
+    ticks, todo = 0, [os.getpid()]
+    while todo:
+        for pid, fields in kids.get(todo.pop(), []):
+            ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+            todo.append(pid)
+    return total + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds() -> tuple[float, float] | None:
     """CPU seconds used so far by every process on the machine (/proc/stat) and by this process's
-    finished children; None where /proc/stat is missing."""
+    descendants; None where /proc/stat is missing."""
     busy = busy_cpu_seconds()
     if busy is None:
         return None
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return busy, children.ru_utime + children.ru_stime
+    return busy, descendants_cpu_seconds()
 
 
 def other_cores_busy(before: tuple[float, float] | None, after: tuple[float, float] | None,
                      wall: float) -> float | None:
-    """The cores that processes other than this one's children kept busy on average between two
+    """The cores that processes other than this one's descendants kept busy on average between two
     cpu_seconds() readings `wall` seconds apart; None where /proc/stat is missing."""
     if before is None or after is None:
         return None

@@ -3,29 +3,34 @@
 Failure handling is the point of this module: a rank that raises ends the task at once with that
 rank's traceback, a rank that hangs ends it when the timeout expires, and no process is left behind
 (the workers die with the parent, even if the parent is killed). A pool runs many tasks in the same
-processes, so a sweep pays process and process-group start-up once per world size, not per config.
+processes, so a sweep pays process and process-group start-up once per world size, not per config;
+ranks are forked from a server that imported torch once per run (see FORKSERVER_PRELOAD).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
-import ctypes
 import datetime
 import io
 import itertools
 import multiprocessing as mp
 import os
 import queue
+import select
 import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
+from multiprocessing import reduction
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from experiments.core.machine import process_stat
 from experiments.emulate import network
 from experiments.measure import progress
 
@@ -71,7 +76,7 @@ class RankPool:
         except BaseException:
             self._close_network()
             raise
-        ctx = mp.get_context("spawn")
+        ctx = rank_context()
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._task_ids = itertools.count()
@@ -79,7 +84,8 @@ class RankPool:
             ctx.Process(
                 target=_worker_main,
                 args=(rank, world_size, backend, host, self._store.port, timeout, threads, self._tasks[rank],
-                      self._results, os.getpid(), placements[rank]),
+                      self._results, os.getpid(), placements[rank], dict(os.environ),
+                      (_ParentFd(1), _ParentFd(2))),
                 daemon=True,
             )
             for rank in range(world_size)
@@ -88,6 +94,7 @@ class RankPool:
         try:
             for p in self._procs:
                 p.start()
+            _note_server(self._procs)
         except BaseException:
             self.close(graceful=False)  # e.g. Ctrl-C while starting: no rank, no namespace left behind
             raise
@@ -235,19 +242,108 @@ def listening_store(host: str) -> dist.TCPStore:
     return store
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (PR_SET_PDEATHSIG), so none is orphaned."""
+# Ranks are forked from multiprocessing's fork server, which has imported these once per run. Under
+# "spawn" every rank of every pool imported torch itself: about 2 s a rank, the ranks of a pool contending
+# for the cores, at each pool start (a sweep over world sizes, the main job's steps, the test suite).
+# Forking from the server is safe: it has only imported modules (no CUDA initialised, no OpenMP region
+# run; PyTorch's DataLoader forks its workers from processes far busier), and each rank is still a new
+# process that has run nothing. What "spawn" gave for
+# free is handed over explicitly: the parent's environment and standard output and error as they are at
+# the pool's start (the server's are those of the run's first pool); sys.path and the working directory
+# travel with every rank anyway (multiprocessing's preparation data).
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", __name__]
+
+
+def rank_context() -> mp.context.BaseContext:
+    """The multiprocessing context that starts ranks: the fork server, preloaded (see FORKSERVER_PRELOAD)."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(FORKSERVER_PRELOAD)  # takes effect when the server starts (first pool)
+    return context
+
+
+_servers: set[int] = set()  # the fork servers this process's ranks came from (one, unless it was restarted)
+
+
+def _note_server(procs: list) -> None:
+    """Remember the fork server that started `procs`, to stop and wait for it when this process exits."""
+    for proc in procs:
+        fields = process_stat(proc.pid)
+        if fields is not None and int(fields[1]) != os.getpid() and int(fields[1]) not in _servers:
+            if not _servers:
+                atexit.register(_stop_servers)
+            _servers.add(int(fields[1]))
+
+
+def _stop_servers() -> None:
+    """Stop the fork servers and wait for them. Left alone, a server outlives this process for a moment
+    and is then nobody's child: its CPU time and its ranks' would never reach whoever waits for this
+    process (an A/B round counts what other processes kept busy as the machine's time less its children's)."""
+    for pid in _servers:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+    _servers.clear()
+
+
+class _ParentFd:
+    """One of the parent's file descriptors, sent to a rank as it starts (a rank forked from the fork
+    server would otherwise write to the server's standard output, not the parent's current one)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _take_fd, (reduction.DupFd(self.fd),)  # DupFd: only while multiprocessing starts a process
+
+
+def _take_fd(duplicate) -> int:
+    return duplicate.detach()
+
+
+def _adopt_parent_state(environ: dict[str, str], stdio: tuple[int, int]) -> None:
+    """Take on the environment and the standard output and error that the parent had at the pool's start."""
+    os.environ.clear()
+    os.environ.update(environ)
+    for fd, target in zip(stdio, (1, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def _end_with_run(run_pid: int) -> None:
+    """Kill this rank (SIGKILL) as soon as process `run_pid`, the run that started its pool, has ended,
+    however it ended, so that no rank is orphaned. A thread waits for it: the rank's parent is the fork
+    server, which multiprocessing keeps alive while any process it forked lives (each holds the pipe whose
+    end tells the server to stop), so a signal at the parent's death (PR_SET_PDEATHSIG) would never come."""
+    def wait_and_die() -> None:
+        try:
+            with contextlib.closing(os.pidfd_open(run_pid)) as run:  # readable once the run has ended
+                select.select([run], [], [])
+        except ProcessLookupError:
+            pass  # ended already
+        except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): look every second
+            while _lives(run_pid):
+                time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait_and_die, name="ddpbench-end-with-run", daemon=True).start()
+
+
+def _lives(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie has ended)."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: daemon processes still end with a parent that exits normally
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    fields = process_stat(pid)
+    return fields is None or fields[0] != "Z"  # no /proc: alive as far as can be told
 
 
 def _worker_main(rank, world_size, backend, host, port, timeout, threads, tasks, results, parent_pid,
-                 placement) -> None:
-    _die_with_parent()
-    if os.getppid() != parent_pid:
-        return  # the parent died before the line above took effect
+                 placement, environ, stdio) -> None:
+    _end_with_run(parent_pid)
+    _adopt_parent_state(environ, stdio)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     task_id = -1
     try:

@@ -232,7 +232,7 @@ def run_jobs(jobs: list, out: Path, measure_fn: Callable, to_record: Callable, k
     done = recorded_keys(out) if resume else set()
     todo = [job for job in jobs if config_key(dataclasses.asdict(job)) not in done]
     # Jobs of one pool together (stable, pools in order of first appearance): each pool start costs seconds
-    # (spawned ranks import torch and the model's library, then run their first job once unrecorded).
+    # (new ranks join a process group and import the model's library, then run their first job once unrecorded).
     first_seen: dict[tuple, int] = {}
     for job in todo:
         first_seen.setdefault(_pool_key(job), len(first_seen))

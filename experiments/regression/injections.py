@@ -65,8 +65,8 @@ INJECTIONS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
 # Changes to the instrument, not regressions: tried against the noise of same-against-same ratios.
 VARIANTS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
     "pinned": ("pins local rank r to core r (mod the cores)",
-               [(LAUNCHER, "    _die_with_parent()\n",
-                 "    _die_with_parent()\n    os.sched_setaffinity(0, {rank % os.cpu_count()})  # noise trial\n")]),
+               [(LAUNCHER, "    _end_with_run(parent_pid)\n",
+                 "    _end_with_run(parent_pid)\n    os.sched_setaffinity(0, {rank % os.cpu_count()})  # noise trial\n")]),
 }
 GIT_USER = ["-c", "user.name=ddpbench-drill", "-c", "user.email=drill@ddpbench.invalid"]
 
