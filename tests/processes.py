@@ -3,6 +3,7 @@ process still lives, the namespaces a run created, and a stand-in workload that 
 import os
 import time
 
+from experiments.core.procfs import process_lives as alive  # (the tests' name for it)
 from experiments.emulate import network
 
 
@@ -12,18 +13,6 @@ def wait_for(condition, seconds: float = 120.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie is dead, just not yet reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return open(f"/proc/{pid}/status").read().find("zombie") < 0
-    except OSError:
-        return False
 
 
 def namespaces_of(pid: int) -> list[str]:

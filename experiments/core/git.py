@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from experiments.core.config import ConfigError
+from experiments.core.procfs import process_stat
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -109,8 +110,5 @@ def _stale(path: Path, lock: str | None) -> bool:
 
 def _start_time(pid: int) -> str | None:
     """When process `pid` started (clock ticks since boot, /proc/PID/stat), None if there is none."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name in parentheses may hold spaces
+    fields = process_stat(pid)
+    return None if fields is None else fields[19]  # field 22

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from experiments.core.config import ConfigError
 from experiments.core.git import git_or_empty
+from experiments.core.procfs import process_stat
 
 
 def under_torchrun() -> bool:
@@ -32,16 +33,6 @@ def busy_cpu_seconds() -> float | None:
     except (OSError, ValueError):
         return None
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def process_stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command's name (state, parent, ..., so index i is the man
-    page's field i + 3), or None where the process or /proc is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
 
 
 def descendants_cpu_seconds() -> float:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from experiments.core.machine import process_stat
+from experiments.core.procfs import process_lives, process_stat
 from experiments.emulate import network
 from experiments.measure import progress
 
@@ -266,23 +266,22 @@ _servers: set[int] = set()  # the fork servers this process's ranks came from (o
 
 def _note_server(procs: list) -> None:
     """Remember the fork server that started `procs`, to stop and wait for it when this process exits."""
-    for proc in procs:
-        fields = process_stat(proc.pid)
-        if fields is not None and int(fields[1]) != os.getpid() and int(fields[1]) not in _servers:
-            if not _servers:
-                atexit.register(_stop_servers)
-            _servers.add(int(fields[1]))
+    parents = {int(fields[1]) for proc in procs if (fields := process_stat(proc.pid)) is not None}
+    _servers.update(parents - {os.getpid()})
 
 
 def _stop_servers() -> None:
     """Stop the fork servers and wait for them. Left alone, a server outlives this process for a moment
     and is then nobody's child: its CPU time and its ranks' would never reach whoever waits for this
-    process (an A/B round counts what other processes kept busy as the machine's time less its children's)."""
+    process (an A/B round counts what other processes kept busy as the machine's time less its descendants')."""
     for pid in _servers:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
             os.waitpid(pid, 0)
     _servers.clear()
+
+
+atexit.register(_stop_servers)
 
 
 class _ParentFd:
@@ -321,23 +320,11 @@ def _end_with_run(run_pid: int) -> None:
         except ProcessLookupError:
             pass  # ended already
         except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): look every second
-            while _lives(run_pid):
+            while process_lives(run_pid):
                 time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=wait_and_die, name="ddpbench-end-with-run", daemon=True).start()
-
-
-def _lives(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie has ended)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = process_stat(pid)
-    return fields is None or fields[0] != "Z"  # no /proc: alive as far as can be told
 
 
 def _worker_main(rank, world_size, backend, host, port, timeout, threads, tasks, results, parent_pid,

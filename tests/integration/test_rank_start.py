@@ -54,7 +54,7 @@ def test_the_ranks_cpu_time_counts_as_this_processs_while_they_run_and_after_a_c
     assert descendants_cpu_seconds() - before >= 0.9 * float(child.stdout)
 
 
-def test_ranks_end_with_a_run_killed_outright():
+def test_ranks_end_with_a_run_killed_outright(tmp_path):
     script = textwrap.dedent("""
         import time
         from experiments.measure.launch import RankPool
@@ -63,7 +63,9 @@ def test_ranks_end_with_a_run_killed_outright():
             print("ranks", *[pid for pid, _, _ in pool.run(rank_facts, ("HOME",))], flush=True)
             time.sleep(600)  # the ranks wait for their next task
     """)
-    run = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    # Its temporary files here: a run killed outright leaves multiprocessing's folder (the fork server's socket).
+    run = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         line = next(line for line in run.stdout if line.startswith("ranks "))
         ranks = [int(pid) for pid in line.split()[1:]]
